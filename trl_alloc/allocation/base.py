@@ -1,0 +1,123 @@
+"""The two stage protocols every allocator implements, so the trainer drives them all the same way.
+
+A **pacer** (across rounds) says which prompts are admitted this round and with how many
+allocation units (``propose``), ranks the round's prompts (``ranked_prompts``: a filler's stream),
+and learns from the round's per-prompt outcomes (``update``). A **filler** (within a round) turns
+a stream, a response budget and a target number of groups into batched generation requests and
+decides which groups reach the loss.
+
+Driving loop (the trainer and every simulator use exactly this)::
+
+    units = pacer.propose()
+    rnd = filler.start_round(pacer.ranked_prompts, budget=units.sum() * pacer.unit_size,
+                             target_groups=..., counts=units[pacer.ranked_prompts] * pacer.unit_size)
+    while not rnd.done:
+        prompt_ids, counts = rnd.requests()      # one batched generation call
+        rnd.observe(rewards)                     # list of reward arrays, aligned with the request
+    pacer.update(*rnd.outcomes(pacer.num_prompts))
+"""
+
+import numpy as np
+
+
+class Pacer:
+    """Across-round stage. Subclasses set ``num_prompts``, ``unit_size`` and ``remaining_responses``."""
+
+    num_prompts: int
+    unit_size: int
+    remaining_responses: int
+
+    def propose(self):
+        """Executed units per prompt for this round (int array of length ``num_prompts``)."""
+        raise NotImplementedError
+
+    @property
+    def ranked_prompts(self):
+        """This round's admission order; the proposed prompts come first."""
+        raise NotImplementedError
+
+    def update(self, successes, failures, responses=None):
+        """Consume the round's per-prompt success/failure counts; ``responses`` (default S + F) is what
+        was spent per prompt, pruned responses included."""
+        raise NotImplementedError
+
+    @property
+    def remaining_budget(self):
+        """Whole allocation units left in the global budget."""
+        return self.remaining_responses // self.unit_size
+
+    @property
+    def finished(self):
+        return self.remaining_budget <= 0
+
+    def state_dict(self):
+        raise NotImplementedError
+
+    def load_state_dict(self, state):
+        raise NotImplementedError
+
+
+class Round:
+    """Within-round state machine returned by ``Filler.start_round``.
+
+    Attributes filled as the round runs: ``spent`` (responses generated), ``groups`` (prompt ids
+    whose responses go to the loss, in commit order), ``effective`` (how many of those are mixed),
+    ``abandoned`` (prompt ids dropped), ``successes`` / ``failures`` (dict prompt id -> count).
+    """
+
+    success_threshold = 0.5
+
+    def __init__(self, budget):
+        self.budget = int(budget)
+        self.spent = 0
+        self.groups, self.abandoned = [], []
+        self.effective = 0
+        self.successes, self.failures = {}, {}
+        self.generation_calls = 0
+        self._pending = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    @property
+    def done(self):
+        raise NotImplementedError
+
+    def requests(self):
+        """(prompt_ids, counts) to generate now, in one batched call; empty arrays when done."""
+        return self._pending
+
+    def observe(self, rewards):
+        """Rewards for the last request: a list aligned with ``prompt_ids``, entry j of length counts[j]."""
+        ids, counts = self._pending
+        if len(rewards) != len(ids):
+            raise ValueError(f"`rewards` must hold one array per requested prompt ({len(ids)}), got {len(rewards)}.")
+        binary = []
+        for pid, n, r in zip(ids.tolist(), counts.tolist(), rewards):
+            r = np.asarray(r, dtype=float).reshape(-1)
+            if r.size != n:
+                raise ValueError(f"prompt {pid}: expected {n} rewards, got {r.size}.")
+            if np.isnan(r).any():
+                raise ValueError(f"prompt {pid}: a reward is NaN; fix the reward function for this sample.")
+            s = int((r > self.success_threshold).sum())
+            self.successes[pid] = self.successes.get(pid, 0) + s
+            self.failures[pid] = self.failures.get(pid, 0) + n - s
+            binary.append(s)
+        self.spent += int(counts.sum())
+        self.generation_calls += 1
+        self._pending = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._advance(ids, counts, np.asarray(binary, dtype=np.int64), rewards)
+
+    def _advance(self, ids, counts, successes, rewards):
+        raise NotImplementedError
+
+    def outcomes(self, num_prompts):
+        """Per-prompt (successes, failures, responses) arrays over the whole pool, for ``Pacer.update``."""
+        s = np.zeros(num_prompts, np.int64)
+        f = np.zeros(num_prompts, np.int64)
+        for pid, v in self.successes.items():
+            s[pid] = v
+        for pid, v in self.failures.items():
+            f[pid] = v
+        return s, f, s + f
+
+    def stats(self):
+        return {"responses": self.spent, "groups": len(self.groups), "effective_groups": self.effective,
+                "abandoned": len(self.abandoned), "generation_calls": self.generation_calls}

@@ -1,0 +1,299 @@
+"""The seeds' baselines as pacers and fillers: plain GRPO, DAPO dynamic sampling, KnapsackRL (SPEC §5)."""
+
+import numpy as np
+
+from ._checks import check_counts, check_int
+from .base import Pacer, Round
+
+
+class _BudgetedPacer(Pacer):
+    """Budget bookkeeping shared by every pacer: remaining responses, per-prompt counts, validation."""
+
+    def __init__(self, num_prompts, unit_size, budget_responses):
+        self.num_prompts = check_int("num_prompts", num_prompts, 1)
+        self.unit_size = check_int("unit_size", unit_size, 1)
+        self.budget_responses = check_int("budget", budget_responses, 0)
+        self.remaining_responses = self.budget_responses
+        self.round = 0
+        self.last_units = np.zeros(self.num_prompts, np.int64)
+
+    def _consume(self, successes, failures, responses):
+        s = check_counts("successes", successes, self.num_prompts)
+        f = check_counts("failures", failures, self.num_prompts)
+        spent = s + f if responses is None else check_counts("responses", responses, self.num_prompts)
+        if np.any(s + f > spent):
+            raise ValueError("`successes + failures` exceeds `responses` for some prompt: every observed "
+                             "reward must belong to a spent response.")
+        total = int(spent.sum())
+        if total > self.remaining_responses:
+            raise ValueError(f"this round spent {total} responses but only {self.remaining_responses} remain "
+                             "in the global budget; never generate past `propose()`.")
+        self.remaining_responses -= total
+        self.round += 1
+        return s, f, spent
+
+    def _base_state(self):
+        return {"remaining_responses": self.remaining_responses, "round": self.round,
+                "last_units": self.last_units.tolist()}
+
+    def _load_base_state(self, state):
+        self.remaining_responses = int(state["remaining_responses"])
+        self.round = int(state["round"])
+        self.last_units = np.asarray(state["last_units"], np.int64)
+
+
+class UniformPacer(_BudgetedPacer):
+    """Plain GRPO: a seeded shuffled pass over the pool, `prompts_per_round` prompts, one group each.
+
+    One unit = one group of `group_size` responses. The stream continues through the epoch order,
+    so a filler that uses more prompts (SARA, dynamic sampling) advances the cursor past them.
+    """
+
+    def __init__(self, num_prompts, prompts_per_round, group_size, budget_responses=None, rounds=None, seed=0):
+        self.prompts_per_round = check_int("prompts_per_round", prompts_per_round, 1)
+        if budget_responses is None:
+            if rounds is None:
+                raise ValueError("UniformPacer needs `budget_responses` or `rounds`.")
+            budget_responses = check_int("rounds", rounds, 1) * self.prompts_per_round * group_size
+        super().__init__(num_prompts, group_size, budget_responses)
+        self.seed = int(seed)
+        self.epoch, self.cursor = 0, 0
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch):
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_prompts)
+
+    @property
+    def ranked_prompts(self):
+        """The rest of this epoch, then the next epoch (prompts repeat only across epochs)."""
+        nxt = self._epoch_order(self.epoch + 1)
+        rest = self._order[self.cursor:]
+        return np.concatenate([rest, nxt[~np.isin(nxt, rest)]])
+
+    def propose(self):
+        n = min(self.prompts_per_round, self.remaining_budget)
+        units = np.zeros(self.num_prompts, np.int64)
+        units[self.ranked_prompts[:n]] = 1
+        self.last_units = units
+        return units
+
+    def update(self, successes, failures, responses=None):
+        _, _, spent = self._consume(successes, failures, responses)
+        used = np.flatnonzero(spent[self.ranked_prompts] > 0)
+        advance = int(used[-1]) + 1 if used.size else 0
+        while advance > 0:
+            step = min(advance, self.num_prompts - self.cursor)
+            self.cursor += step
+            advance -= step
+            if self.cursor >= self.num_prompts:
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._order = self._epoch_order(self.epoch)
+
+    def state_dict(self):
+        return {**self._base_state(), "epoch": self.epoch, "cursor": self.cursor, "seed": self.seed}
+
+    def load_state_dict(self, state):
+        self._load_base_state(state)
+        self.seed, self.epoch, self.cursor = int(state["seed"]), int(state["epoch"]), int(state["cursor"])
+        self._order = self._epoch_order(self.epoch)
+
+
+class KnapsackPacer(UniformPacer):
+    """KnapsackRL: each round's `prompts_per_round × group_size` responses are split over the round's
+    prompts by an exact knapsack on value(p, N) = (1 - p^N - (1-p)^N) · p(1-p)^2.
+
+    p is the mean of the prompt's last `history` rewards (0.5 before any). Prompts with 0 < p < 1
+    get `min_n` and extras up to `max_n`; p = 0 or 1 prompts get `min_n`; spare budget goes to p = 0.
+    One unit = one response.
+    """
+
+    def __init__(self, num_prompts, prompts_per_round, group_size, budget_responses=None, rounds=None,
+                 min_n=2, max_n=None, history=16, seed=0):
+        super().__init__(num_prompts, prompts_per_round, group_size, budget_responses, rounds, seed)
+        self.group_size, self.unit_size = group_size, 1
+        self.min_n = check_int("min_n", min_n, 1)
+        self.max_n = check_int("max_n", max_n if max_n is not None else 4 * group_size, self.min_n)
+        if self.min_n > group_size:
+            raise ValueError(f"`min_n` ({self.min_n}) must not exceed `group_size` ({group_size}).")
+        self.history = check_int("history", history, 1)
+        self.hist_sum = np.zeros(num_prompts)
+        self.hist_len = np.zeros(num_prompts, np.int64)
+
+    def success_rate(self):
+        return np.where(self.hist_len > 0, self.hist_sum / np.maximum(self.hist_len, 1), 0.5)
+
+    @staticmethod
+    def value(p, n):
+        """KnapsackRL's value of giving n responses to a prompt with success rate p."""
+        return (1.0 - p ** n - (1.0 - p) ** n) * p * (1.0 - p) ** 2
+
+    def _allocate(self, p, budget):
+        """Exact 0/1-group knapsack by dynamic programming over the extras above `min_n`."""
+        m = p.size
+        alloc = np.full(m, self.min_n, np.int64)
+        budget -= self.min_n * m
+        if budget <= 0:
+            return self._trim(alloc, budget + self.min_n * m)
+        open_ = np.flatnonzero((p > 0) & (p < 1))
+        extras = np.arange(self.max_n - self.min_n + 1)
+        best = np.zeros(budget + 1)
+        choice = np.zeros((open_.size, budget + 1), np.int64)
+        for row, i in enumerate(open_):
+            gain = self.value(p[i], self.min_n + extras) - self.value(p[i], self.min_n)
+            cand = np.full((extras.size, budget + 1), -np.inf)
+            for e in extras:
+                cand[e, e:] = best[: budget + 1 - e] + gain[e]
+            choice[row] = cand.argmax(0)
+            best = cand.max(0)
+        b = int(best.argmax())
+        for row in range(open_.size - 1, -1, -1):
+            e = choice[row, b]
+            alloc[open_[row]] += e
+            b -= e
+        spare = budget - int((alloc - self.min_n).sum())
+        zeros = np.flatnonzero(p == 0)
+        if spare > 0 and zeros.size:
+            room = self.max_n - alloc[zeros]
+            for j in np.argsort(-room, kind="stable"):
+                give = min(room[j], spare)
+                alloc[zeros[j]] += give
+                spare -= give
+        return alloc
+
+    @staticmethod
+    def _trim(alloc, budget):
+        """Fewer responses than minimums: give `min_n` to as many prompts as fit, in order."""
+        out = np.zeros_like(alloc)
+        cum = np.cumsum(alloc)
+        out[cum <= budget] = alloc[cum <= budget]
+        return out
+
+    def propose(self):
+        round_budget = min(self.prompts_per_round * self.group_size, self.remaining_responses)
+        prompts = self.ranked_prompts[: self.prompts_per_round]
+        units = np.zeros(self.num_prompts, np.int64)
+        units[prompts] = self._allocate(self.success_rate()[prompts], round_budget)
+        self.last_units = units
+        return units
+
+    def update(self, successes, failures, responses=None):
+        s = check_counts("successes", successes, self.num_prompts)
+        f = check_counts("failures", failures, self.num_prompts)
+        super().update(s, f, responses)
+        seen = np.flatnonzero(s + f > 0)
+        n = s[seen] + f[seen]
+        keep = np.minimum(n, self.history)
+        # The buffer keeps the most recent `history` rewards; a round's rewards are exchangeable.
+        old = np.maximum(0, np.minimum(self.hist_len[seen], self.history - keep))
+        rate_old = self.hist_sum[seen] / np.maximum(self.hist_len[seen], 1)
+        self.hist_sum[seen] = rate_old * old + s[seen] / n * keep
+        self.hist_len[seen] = old + keep
+
+    def state_dict(self):
+        return {**super().state_dict(), "hist_sum": self.hist_sum.tolist(), "hist_len": self.hist_len.tolist()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.hist_sum = np.asarray(state["hist_sum"], float)
+        self.hist_len = np.asarray(state["hist_len"], np.int64)
+
+
+class FullFiller:
+    """Plain GRPO filling: every admitted prompt's responses in one call; every group reaches the loss."""
+
+    def __init__(self, group_size):
+        self.group_size = check_int("group_size", group_size, 1)
+
+    def start_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None):
+        return FullRound(stream, budget, self.group_size, target_groups, counts)
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+class FullRound(Round):
+    def __init__(self, stream, budget, group_size, target_groups=None, counts=None):
+        super().__init__(budget)
+        stream = np.asarray(stream, np.int64)
+        counts = np.full(stream.size, group_size) if counts is None else np.asarray(counts, np.int64)
+        if counts.shape != stream.shape:
+            raise ValueError("`counts` must give one response count per stream prompt.")
+        keep = counts > 0
+        stream, counts = stream[keep], counts[keep]
+        if target_groups is not None:
+            stream, counts = stream[:target_groups], counts[:target_groups]
+        fits = np.cumsum(counts) <= self.budget
+        self._pending = (stream[fits], counts[fits])
+        self._finished = not fits.any()
+
+    @property
+    def done(self):
+        return self._finished
+
+    def _advance(self, ids, counts, successes, rewards):
+        for pid, n, s in zip(ids.tolist(), counts.tolist(), successes.tolist()):
+            self.groups.append(pid)
+            self.effective += int(0 < s < n)
+        self._finished = True
+
+
+class DynamicSamplingFiller:
+    """DAPO dynamic sampling: full groups for batches of `batch_prompts` stream prompts, keep groups whose
+    rewards vary (std > 0), repeat until `target_groups` are kept; more than `max_generation_batches`
+    batches is an error (DAPO's cap)."""
+
+    def __init__(self, group_size, max_generation_batches=10, batch_prompts=None):
+        self.group_size = check_int("group_size", group_size, 2)
+        self.max_generation_batches = check_int("max_generation_batches", max_generation_batches, 1)
+        self.batch_prompts = batch_prompts
+
+    def start_round(self, stream, budget, target_groups, counts=None, prior_a=None, prior_b=None):
+        return DynamicSamplingRound(stream, budget, self.group_size, target_groups,
+                                    self.max_generation_batches, self.batch_prompts or target_groups)
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+class DynamicSamplingRound(Round):
+    def __init__(self, stream, budget, group_size, target_groups, max_batches, batch_prompts):
+        super().__init__(budget)
+        self.stream = np.asarray(stream, np.int64)
+        self.k, self.target = group_size, check_int("target_groups", target_groups, 0)
+        self.max_batches, self.batch_prompts = max_batches, batch_prompts
+        self.next, self.hit_cap = 0, False
+        self._queue()
+
+    def _queue(self):
+        left = (self.budget - self.spent) // self.k
+        n = min(self.batch_prompts, left, self.stream.size - self.next)
+        if len(self.groups) >= self.target or n <= 0:
+            return
+        if self.generation_calls >= self.max_batches:
+            self.hit_cap = True
+            return
+        ids = self.stream[self.next:self.next + n]
+        self.next += n
+        self._pending = (ids, np.full(n, self.k, np.int64))
+
+    @property
+    def done(self):
+        return self._pending[0].size == 0
+
+    def _advance(self, ids, counts, successes, rewards):
+        for pid, r in zip(ids.tolist(), rewards):
+            if np.std(np.asarray(r, float)) > 0 and len(self.groups) < self.target:
+                self.groups.append(pid)
+                self.effective += 1
+        self._queue()
+        if self.hit_cap:
+            raise RuntimeError(
+                f"dynamic sampling kept {len(self.groups)} of {self.target} groups after "
+                f"{self.max_batches} generation batches (`max_generation_batches`); raise the cap or "
+                "use `filling='sara'`, which abandons saturated prompts early.")

@@ -1,0 +1,174 @@
+"""SARA (seed 002): fill one round by probing prompts, committing mixed groups and abandoning
+decided-saturated ones, with the freed budget going to the next prompts of the stream."""
+
+import numpy as np
+from scipy.special import betaln
+
+from ._checks import check_int, check_open_unit, check_prior
+from .base import Round
+from .beta import BetaState
+
+
+def effective_probability(n, s, k, prior=(1.0, 1.0)):
+    """Posterior-predictive probability that the completed group of size k is mixed (eq. 2).
+
+    1 if the prefix is mixed; otherwise 1 − 1[s=0]·B(a, b+r)/B(a, b) − 1[s=n]·B(a+r, b)/B(a, b) with
+    the posterior (a, b) = (α0+s, β0+n−s) and r = k − n (both terms apply before any rollout).
+    Uniform prior, s = 0: (k − n)/(k + 1). `prior` may hold per-prompt arrays.
+    """
+    n, s, k = (np.asarray(x, dtype=float) for x in (n, s, k))
+    if np.any(s < 0) or np.any(s > n) or np.any(n > k):
+        raise ValueError("`effective_probability` needs 0 <= s <= n <= k.")
+    a = np.asarray(prior[0], float) + s
+    b = np.asarray(prior[1], float) + n - s
+    r = k - n
+    all_fail = np.exp(betaln(a, b + r) - betaln(a, b))
+    all_pass = np.exp(betaln(a + r, b) - betaln(a, b))
+    p = 1.0 - np.where(s == 0, all_fail, 0.0) - np.where(s == n, all_pass, 0.0)
+    return np.where((s >= 1) & (n - s >= 1), 1.0, np.clip(p, 0.0, 1.0))
+
+
+COMMIT, ABANDON, CONTINUE = 1, -1, 0
+
+
+def decide(n, s, k, tau_low=0.45, commit_min=None, prior=(1.0, 1.0)):
+    """The rule of eq. 3: COMMIT a mixed group of size >= commit_min, ABANDON when p_eff < τ_low,
+    else CONTINUE. Returns (decision array, p_eff array)."""
+    commit_min = k if commit_min is None else commit_min
+    n, s = np.asarray(n), np.asarray(s)
+    p = effective_probability(n, s, k, prior)
+    mixed = (s >= 1) & (n - s >= 1)
+    out = np.where(mixed & (n >= commit_min), COMMIT, np.where(p < tau_low, ABANDON, CONTINUE))
+    return out, p
+
+
+class SARAFiller:
+    """Algorithm 1 of the SARA seed as a generator-agnostic state machine (see `base.Round`).
+
+    Defaults: k = 8, n0 = 2, τ_low = 0.45, commit_min = k, Beta(1, 1), safety budget 6·B·k. With
+    `warm_start_decay` (and `num_prompts`) each prompt's posterior carries across rounds, discounted
+    toward the prior by that factor (the seed's optional history warm-start).
+    """
+
+    def __init__(self, group_size=8, probe=2, tau_low=0.45, commit_min=None, prior=(1.0, 1.0),
+                 safety_factor=6, warm_start_decay=None, num_prompts=None):
+        self.k = check_int("group_size", group_size, 2)
+        self.probe = check_int("probe", probe, 1)
+        if self.probe > self.k:
+            raise ValueError(f"`probe` (n0 = {self.probe}) must not exceed `group_size` (k = {self.k}).")
+        self.tau_low = check_open_unit("tau_low", tau_low)
+        self.commit_min = self.k if commit_min is None else check_int("commit_min", commit_min, 2)
+        if self.commit_min > self.k:
+            raise ValueError(f"`commit_min` ({self.commit_min}) must not exceed `group_size` ({self.k}).")
+        self.prior = check_prior("prior", prior)
+        self.safety_factor = check_int("safety_factor", safety_factor, 1)
+        self.history = None
+        if warm_start_decay is not None:
+            if num_prompts is None:
+                raise ValueError("`warm_start_decay` needs `num_prompts` (the pool size) to keep posteriors.")
+            self.history = BetaState(num_prompts, self.prior, warm_start_decay)
+
+    def start_round(self, stream, budget=None, target_groups=64, counts=None, prior_a=None, prior_b=None):
+        """A round over `stream` that stops at `target_groups` committed groups, `budget` responses
+        (default: the safety cap 6·B·k) or the end of the stream."""
+        target = check_int("target_groups", target_groups, 0)
+        budget = self.safety_factor * target * self.k if budget is None else check_int("budget", budget, 0)
+        stream = np.asarray(stream, np.int64)
+        if prior_a is None and self.history is not None:
+            prior_a, prior_b = self.history.a[stream], self.history.b[stream]
+        a = np.full(stream.size, self.prior[0]) if prior_a is None else np.asarray(prior_a, float)
+        b = np.full(stream.size, self.prior[1]) if prior_b is None else np.asarray(prior_b, float)
+        if a.shape != stream.shape or b.shape != stream.shape:
+            raise ValueError("`prior_a` / `prior_b` must give one value per stream prompt.")
+        return SARARound(self, stream, a, b, budget, target)
+
+    def _round_done(self, rnd):
+        if self.history is not None:
+            s, f, _ = rnd.outcomes(self.history.num_prompts)
+            self.history.update(s, f)
+
+    def state_dict(self):
+        return {"history": None if self.history is None else self.history.state_dict()}
+
+    def load_state_dict(self, state):
+        if self.history is not None and state.get("history") is not None:
+            self.history.load_state_dict(state["history"])
+
+
+class SARARound(Round):
+    """One round of SARA: probe, decide (eq. 3), refill from the stream, advance by p_eff priority."""
+
+    def __init__(self, filler, stream, prior_a, prior_b, budget, target):
+        super().__init__(budget)
+        self.f, self.stream, self.pa, self.pb, self.target = filler, stream, prior_a, prior_b, target
+        self.next = 0                               # stream position of the next fresh prompt
+        self.pos = np.zeros(0, np.int64)            # active prompts, as stream positions
+        self.n = np.zeros(0, np.int64)
+        self.s = np.zeros(0, np.int64)
+        self.decided_at, self.abandon_p = [], []    # rollouts at each decision; p_eff of abandoned
+        self._finished = False
+        self._plan(np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    @property
+    def done(self):
+        return self._finished
+
+    def _plan(self, cont, cont_counts):
+        """Next batched call: continuing prompts first (in priority order), then fresh probes."""
+        need = self.target - len(self.groups) - cont.size
+        fresh = np.arange(self.next, min(self.next + max(need, 0), self.stream.size))
+        self.next += fresh.size
+        pos = np.concatenate([cont, fresh])
+        want = np.concatenate([cont_counts, np.full(fresh.size, self.f.probe)])
+        left = self.budget - self.spent
+        give = np.clip(left - (np.cumsum(want) - want), 0, want)
+        keep = give > 0
+        self.pos = np.concatenate([self.pos, fresh])
+        self.n = np.concatenate([self.n, np.zeros(fresh.size, np.int64)])
+        self.s = np.concatenate([self.s, np.zeros(fresh.size, np.int64)])
+        self._pending = (self.stream[pos[keep]], give[keep].astype(np.int64))
+        self._requested_pos = pos[keep]
+        if not keep.any():
+            self._close()
+
+    def _close(self):
+        self._finished = True
+        self.f._round_done(self)
+
+    def _advance(self, ids, counts, successes, rewards):
+        idx = self._index(self._requested_pos)
+        self.n[idx] += counts
+        self.s[idx] += successes
+        verdict, p = decide(self.n, self.s, self.f.k, self.f.tau_low, self.f.commit_min,
+                            (self.pa[self.pos], self.pb[self.pos]))
+        for j in np.flatnonzero(verdict == COMMIT):
+            if len(self.groups) < self.target:
+                self.groups.append(int(self.stream[self.pos[j]]))
+                self.effective += 1
+                self.decided_at.append(int(self.n[j]))
+        for j in np.flatnonzero(verdict == ABANDON):
+            self.abandoned.append(int(self.stream[self.pos[j]]))
+            self.abandon_p.append(float(p[j]))
+            self.decided_at.append(int(self.n[j]))
+        live = verdict == CONTINUE
+        self.pos, self.n, self.s, p = self.pos[live], self.n[live], self.s[live], p[live]
+        if len(self.groups) >= self.target:
+            return self._close()
+        mixed = (self.s >= 1) & (self.n - self.s >= 1)
+        order = np.lexsort((-p, ~mixed))            # decided-mixed first, then by p_eff (a yield index)
+        more = np.where(mixed, self.f.commit_min - self.n, 1)[order]
+        self._plan(self.pos[order], more)
+
+    def _index(self, positions):
+        lookup = {int(p): i for i, p in enumerate(self.pos)}
+        return np.asarray([lookup[int(p)] for p in positions], np.int64)
+
+    @property
+    def unfinished(self):
+        """Prompts still undecided when the round stopped (budget or target reached)."""
+        return self.stream[self.pos].tolist()
+
+    def stats(self):
+        return {**super().stats(), "unfinished": len(self.pos),
+                "expected_lost_groups": float(np.sum(self.abandon_p)),
+                "mean_rollouts_to_decide": float(np.mean(self.decided_at)) if self.decided_at else 0.0}
