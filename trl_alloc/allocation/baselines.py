@@ -135,7 +135,7 @@ class KnapsackPacer(UniformPacer):
         if budget <= 0:
             return self._trim(alloc, budget + self.min_n * m)
         open_ = np.flatnonzero((p > 0) & (p < 1))
-        extras = np.arange(self.max_n - self.min_n + 1)
+        extras = np.arange(min(self.max_n - self.min_n, budget) + 1)
         best = np.zeros(budget + 1)
         choice = np.zeros((open_.size, budget + 1), np.int64)
         for row, i in enumerate(open_):

@@ -64,7 +64,7 @@ class CEROScheduler(_BudgetedPacer):
             raise ValueError(f"`budget` ({budget} units) exceeds what {self.rounds} rounds can spend "
                              f"(rounds × min(round_capacity, num_prompts × max_units) = {self.rounds * usable}); "
                              "lower the budget or raise `rounds` / `round_capacity`.")
-        self.budget = budget
+        self.budget, self.usable_capacity = budget, usable
         self.saturation = float(saturation)
         if not self.saturation > 0:
             raise ValueError(f"`saturation` (λ) must be positive, got {saturation}.")
@@ -134,7 +134,7 @@ class CEROScheduler(_BudgetedPacer):
         executed = np.clip(budget - (np.cumsum(give) - give), 0, give)
         self._ranked = None
         rounds_after = max(self.rounds - self.round - 1, 0)
-        need = min(budget - rounds_after * self.capacity, self.capacity, budget) if self.catch_up else 0
+        need = min(budget - rounds_after * self.usable_capacity, self.usable_capacity) if self.catch_up else 0
         if need > executed.sum():
             order, executed = self._catch_up(scores, order, executed, need)
         units = np.zeros(self.num_prompts, np.int64)

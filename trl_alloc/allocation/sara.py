@@ -45,7 +45,8 @@ def decide(n, s, k, tau_low=0.45, commit_min=None, prior=(1.0, 1.0)):
 class SARAFiller:
     """Algorithm 1 of the SARA seed as a generator-agnostic state machine (see `base.Round`).
 
-    Defaults: k = 8, n0 = 2, τ_low = 0.45, commit_min = k, Beta(1, 1), safety budget 6·B·k. With
+    Defaults: k = 8, n0 = 2, τ_low = 0.45 (or "auto", see `threshold`), commit_min = k, Beta(1, 1),
+    safety budget 6·B·k. With
     `warm_start_decay` (and `num_prompts`) each prompt's posterior carries across rounds, discounted
     toward the prior by that factor (the seed's optional history warm-start).
     """
@@ -56,12 +57,16 @@ class SARAFiller:
         self.probe = check_int("probe", probe, 1)
         if self.probe > self.k:
             raise ValueError(f"`probe` (n0 = {self.probe}) must not exceed `group_size` (k = {self.k}).")
-        self.tau_low = check_open_unit("tau_low", tau_low)
+        self.auto_tau = tau_low == "auto"
+        self.tau_low = None if self.auto_tau else check_open_unit("tau_low", tau_low)
         self.commit_min = self.k if commit_min is None else check_int("commit_min", commit_min, 2)
         if self.commit_min > self.k:
             raise ValueError(f"`commit_min` ({self.commit_min}) must not exceed `group_size` ({self.k}).")
         self.prior = check_prior("prior", prior)
         self.safety_factor = check_int("safety_factor", safety_factor, 1)
+        # Measured effective groups per response (for tau_low="auto"); starts at the prior's prediction.
+        self.yield_groups = float(effective_probability(0, 0, self.k, self.prior))
+        self.yield_responses = float(self.k)
         self.history = None
         if warm_start_decay is not None:
             if num_prompts is None:
@@ -82,15 +87,27 @@ class SARAFiller:
             raise ValueError("`prior_a` / `prior_b` must give one value per stream prompt.")
         return SARARound(self, stream, a, b, budget, target)
 
+    def threshold(self, n):
+        """τ_low for prompts with n rollouts. With tau_low="auto" (the seed's parameter-free variant) it is
+        the break-even point (k − n)·η: abandon when p_eff is below what the k − n freed rollouts are
+        expected to buy elsewhere, η being the measured effective groups per response."""
+        if not self.auto_tau:
+            return self.tau_low
+        return (self.k - np.asarray(n)) * self.yield_groups / self.yield_responses
+
     def _round_done(self, rnd):
+        self.yield_groups += rnd.effective
+        self.yield_responses += rnd.spent
         if self.history is not None:
             s, f, _ = rnd.outcomes(self.history.num_prompts)
             self.history.update(s, f)
 
     def state_dict(self):
-        return {"history": None if self.history is None else self.history.state_dict()}
+        return {"history": None if self.history is None else self.history.state_dict(),
+                "yield": [self.yield_groups, self.yield_responses]}
 
     def load_state_dict(self, state):
+        self.yield_groups, self.yield_responses = state["yield"]
         if self.history is not None and state.get("history") is not None:
             self.history.load_state_dict(state["history"])
 
@@ -115,14 +132,19 @@ class SARARound(Round):
 
     def _plan(self, cont, cont_counts):
         """Next batched call: continuing prompts first (in priority order), then fresh probes."""
-        need = self.target - len(self.groups) - cont.size
+        left = self.budget - self.spent
+        # Budget-aware admission: a fresh prompt starts only if, after reserving what the active prompts
+        # may still need (k − n each), a whole group of k fits; no group is started that cannot finish.
+        reserve = int(np.sum(self.f.k - self.n[self._index(cont)])) if cont.size else 0
+        need = min(self.target - len(self.groups) - cont.size, max(left - reserve, 0) // self.f.k)
         fresh = np.arange(self.next, min(self.next + max(need, 0), self.stream.size))
         self.next += fresh.size
         pos = np.concatenate([cont, fresh])
         want = np.concatenate([cont_counts, np.full(fresh.size, self.f.probe)])
-        left = self.budget - self.spent
         give = np.clip(left - (np.cumsum(want) - want), 0, want)
         keep = give > 0
+        fresh = fresh[keep[cont.size:]]             # fresh prompts the budget could not reach stay unread
+        self.next = self.next - (keep.size - cont.size) + fresh.size
         self.pos = np.concatenate([self.pos, fresh])
         self.n = np.concatenate([self.n, np.zeros(fresh.size, np.int64)])
         self.s = np.concatenate([self.s, np.zeros(fresh.size, np.int64)])
@@ -139,7 +161,7 @@ class SARARound(Round):
         idx = self._index(self._requested_pos)
         self.n[idx] += counts
         self.s[idx] += successes
-        verdict, p = decide(self.n, self.s, self.f.k, self.f.tau_low, self.f.commit_min,
+        verdict, p = decide(self.n, self.s, self.f.k, self.f.threshold(self.n), self.f.commit_min,
                             (self.pa[self.pos], self.pb[self.pos]))
         for j in np.flatnonzero(verdict == COMMIT):
             if len(self.groups) < self.target:

@@ -1,0 +1,274 @@
+"""ARROL pieces (SPEC §4): survival probabilities, calibrator, rank weights, weighted voting."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trl_alloc.allocation.arrol import (
+    ScoreCalibrator,
+    accuracy,
+    binary_auc,
+    rank_weights,
+    sample_survivors,
+    survival_probabilities,
+    vote_totals,
+    weighted_majority_vote,
+)
+
+# ---------------------------------------------------------------- survival probabilities
+
+
+def test_survival_closed_form_fixed_direction():
+    # tilt = λ(ρ − q) = [.25, .25, −.25], mean −1/12 -> δ = +1/12 -> p = [2/3, 2/3, 1/6].
+    p = survival_probabilities([0.0, 0.0, 1.0], direction="fixed", p_min=0.0, p_max=1.0)
+    np.testing.assert_allclose(p, [2 / 3, 2 / 3, 1 / 6], atol=1e-12)
+
+
+def test_survival_closed_form_auto_mirrors_below_target():
+    # mean(q) = 1/3 < ρ: tilt flips to λ(q − ρ) = [−.25, −.25, .25] -> δ = −1/12 -> [1/3, 1/3, 5/6].
+    p = survival_probabilities([0.0, 0.0, 1.0], p_min=0.0, p_max=1.0)
+    np.testing.assert_allclose(p, [1 / 3, 1 / 3, 5 / 6], atol=1e-12)
+    # mean(q) = 2/3 > ρ: auto is the spec formula unchanged.
+    q = [1.0, 1.0, 0.0]
+    np.testing.assert_allclose(survival_probabilities(q), survival_probabilities(q, direction="fixed"))
+
+
+def test_survival_clipping_closed_form():
+    # λ = 2: tilt = [1, −1, −1, −1]; p_0 clips at 0.9, the rest solve 0.9 + 3x = 2 -> x = 11/30.
+    p = survival_probabilities([0.0, 1.0, 1.0, 1.0], slope=2.0, direction="fixed")
+    np.testing.assert_allclose(p, [0.9, 11 / 30, 11 / 30, 11 / 30], atol=1e-12)
+
+
+def test_balanced_group_is_uniform():
+    np.testing.assert_allclose(survival_probabilities([0.0, 1.0, 0.2, 0.8], keep_ratio=0.3), 0.3)
+
+
+@st.composite
+def _groups(draw):
+    q = draw(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=64))
+    p_min = draw(st.floats(0.0, 0.5))
+    p_max = draw(st.floats(0.5, 1.0))
+    keep = draw(st.floats(max(p_min, 1e-6), p_max))
+    rho = draw(st.floats(0.0, 1.0))
+    slope = draw(st.floats(0.0, 5.0))
+    return np.array(q), keep, rho, slope, p_min, p_max
+
+
+@settings(max_examples=300, deadline=None)
+@given(_groups(), st.sampled_from(["auto", "fixed"]))
+def test_survival_mean_and_bounds_property(group, direction):
+    q, keep, rho, slope, p_min, p_max = group
+    p = survival_probabilities(q, keep, rho, slope, p_min, p_max, direction=direction)
+    assert p.shape == q.shape
+    assert abs(p.mean() - keep) < 1e-9
+    assert (p >= p_min - 1e-12).all() and (p <= p_max + 1e-12).all()
+    order = np.argsort(q, kind="stable")
+    steps = np.diff(p[order])
+    if direction == "fixed" or q.mean() > rho:  # lower q -> higher p
+        assert (steps <= 1e-12).all()
+    elif q.mean() < rho:  # mostly-wrong group: higher q -> higher p
+        assert (steps >= -1e-12).all()
+
+
+@pytest.mark.parametrize("n", [1, 2, 16, 257])
+@pytest.mark.parametrize("keep", [0.1, 0.25, 0.5, 0.77, 0.9])
+def test_survival_mean_random_groups(n, keep):
+    rng = np.random.default_rng(n)
+    for _ in range(20):
+        q = rng.beta(0.5, 0.5, size=n)
+        p = survival_probabilities(q, keep_ratio=keep)
+        assert abs(p.mean() - keep) < 1e-9
+        assert p.min() >= 0.1 - 1e-12 and p.max() <= 0.9 + 1e-12
+
+
+def test_keep_ratio_one_and_empty():
+    np.testing.assert_array_equal(survival_probabilities([0.1, 0.9, 0.5], keep_ratio=1.0), 1.0)
+    assert survival_probabilities([]).shape == (0,)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(keep_ratio=0.05), "cannot be met"),
+    (dict(keep_ratio=0.95), "cannot be met"),
+    (dict(keep_ratio=0.0), "keep_ratio"),
+    (dict(keep_ratio=1.2), "keep_ratio"),
+    (dict(p_min=0.6, p_max=0.4), "p_min"),
+    (dict(slope=-1.0), "slope"),
+    (dict(direction="up"), "direction"),
+])
+def test_survival_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        survival_probabilities([0.2, 0.8], **kwargs)
+
+
+def test_survival_bad_q():
+    with pytest.raises(ValueError, match="`q`"):
+        survival_probabilities([0.2, np.nan])
+    with pytest.raises(ValueError, match="`q`"):
+        survival_probabilities([0.2, 1.5])
+
+
+def test_sample_survivors_frequencies_and_determinism():
+    p = np.tile([0.1, 0.9], 20000)
+    mask = sample_survivors(p, np.random.default_rng(0))
+    assert mask.dtype == bool
+    assert abs(mask[0::2].mean() - 0.1) < 0.01 and abs(mask[1::2].mean() - 0.9) < 0.01
+    np.testing.assert_array_equal(mask, sample_survivors(p, np.random.default_rng(0)))
+    assert sample_survivors([0.0, 1.0], np.random.default_rng(1)).tolist() == [False, True]
+    with pytest.raises(ValueError, match="`p`"):
+        sample_survivors([0.5, np.nan], np.random.default_rng(0))
+
+# ---------------------------------------------------------------- calibrator
+
+
+def test_calibrator_hand_computed_posterior():
+    cal = ScoreCalibrator(num_bins=2, buffer_size=100, alpha=1.0)
+    np.testing.assert_allclose(cal.calibrate([-3.0, 0.3, 5.0]), 0.5)  # empty buffer
+    # sigmoid(±3) -> bins 1 / 0: pairs (1,1) (1,1) (0,0) (0,1) (1,0); n1 = [1, 2], n0 = [1, 1].
+    cal.update([3, 3, -3, -3, 3], [1, 1, 0, True, 0])
+    assert len(cal) == 5
+    # π = 4/7; bin 1: P(1|1) = 3/5, P(1|0) = 2/4 -> q = 8/13; bin 0: P(0|1) = 2/5, P(0|0) = 2/4 -> 16/31.
+    np.testing.assert_allclose(cal.calibrate([2.0, -2.0]), [8 / 13, 16 / 31], rtol=1e-12)
+
+
+def test_calibrator_binning_edges():
+    cal = ScoreCalibrator(num_bins=10)
+    np.testing.assert_array_equal(cal.bins([-np.inf, -1e9, 0.0, 1e9, np.inf]), [0, 0, 5, 9, 9])
+
+
+def test_calibrator_sliding_buffer_drops_oldest():
+    cal = ScoreCalibrator(num_bins=4, buffer_size=3)
+    cal.update([5.0, 5.0], [1, 1])
+    cal.update([-5.0, -5.0, 5.0], [0, 0, 0])
+    assert len(cal) == 3
+    state = cal.state_dict()
+    assert state["bins"] == [0, 0, 3] and state["labels"] == [0, 0, 0]
+    fresh = ScoreCalibrator(num_bins=4, buffer_size=3)
+    fresh.update([-5.0, -5.0, 5.0], [0, 0, 0])
+    np.testing.assert_array_equal(cal.calibrate([-5.0, 0.0, 5.0]), fresh.calibrate([-5.0, 0.0, 5.0]))
+
+
+def test_calibrator_state_dict_json_round_trip():
+    rng = np.random.default_rng(0)
+    cal = ScoreCalibrator(num_bins=7, buffer_size=50, alpha=0.5)
+    cal.update(rng.normal(size=80), rng.random(80) < 0.3)
+    state = json.loads(json.dumps(cal.state_dict()))
+    other = ScoreCalibrator()  # different config: the state carries its own
+    other.load_state_dict(state)
+    x = rng.normal(size=30) * 3
+    np.testing.assert_array_equal(other.calibrate(x), cal.calibrate(x))
+    more_x, more_y = rng.normal(size=20), rng.random(20) < 0.5
+    cal.update(more_x, more_y)
+    other.update(more_x, more_y)
+    assert len(other) == len(cal) == 50
+    np.testing.assert_array_equal(other.calibrate(x), cal.calibrate(x))
+    with pytest.raises(ValueError, match="corrupt"):
+        other.load_state_dict({**state, "bins": state["bins"][:-1]})
+
+
+def test_calibrator_bad_inputs():
+    cal = ScoreCalibrator()
+    with pytest.raises(ValueError, match="`logits`"):
+        cal.update([0.1, np.nan], [0, 1])
+    with pytest.raises(ValueError, match="`labels`"):
+        cal.update([0.1, 0.2], [0, np.nan])
+    with pytest.raises(ValueError, match="`labels`"):
+        cal.update([0.1, 0.2], [0, 2])
+    with pytest.raises(ValueError, match="same shape"):
+        cal.update([0.1, 0.2], [0])
+    with pytest.raises(ValueError, match="`logits`"):
+        cal.calibrate([np.nan])
+    for kwargs in (dict(num_bins=0), dict(buffer_size=0), dict(alpha=0.0)):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            ScoreCalibrator(**kwargs)
+    assert len(cal) == 0
+
+
+@pytest.mark.parametrize("pool_rate", [0.2, 0.8])
+def test_pruning_balances_survivors_better_than_random(pool_rate):
+    """Informative head: calibrated ARROL pruning moves the survivors' positive ratio toward 0.5."""
+    rng = np.random.default_rng(123)
+    G, groups, keep = 16, 1500, 0.5
+
+    def draw(n):
+        y = rng.random(n) < pool_rate
+        return 2.0 * (2 * y - 1) + rng.normal(size=n), y
+
+    cal = ScoreCalibrator(num_bins=10, buffer_size=2048)
+    cal.update(*draw(4000))
+    assert accuracy(*draw(4000)) > 0.9
+    kept = {"arrol": [0, 0], "random": [0, 0], "fixed": [0, 0]}  # [positives, survivors]
+    for _ in range(groups):
+        logits, y = draw(G)
+        q = cal.calibrate(logits)
+        masks = {"arrol": sample_survivors(survival_probabilities(q, keep), rng),
+                 "random": sample_survivors(np.full(G, keep), rng),
+                 "fixed": sample_survivors(survival_probabilities(q, keep, direction="fixed"), rng)}
+        for name, m in masks.items():
+            kept[name][0] += int(y[m].sum())
+            kept[name][1] += int(m.sum())
+    ratio = {k: pos / n for k, (pos, n) in kept.items()}
+    assert abs(kept["arrol"][1] / (G * groups) - keep) < 0.01  # same keep ratio
+    assert abs(ratio["random"] - pool_rate) < 0.02
+    assert abs(ratio["arrol"] - 0.5) < abs(ratio["random"] - 0.5) - 0.08
+    if pool_rate < 0.5:  # the spec's literal λ(ρ − q_i) prunes the scarce positives first
+        assert ratio["fixed"] < ratio["random"] - 0.08
+
+# ---------------------------------------------------------------- test-time weighting
+
+
+def test_rank_weights_closed_form():
+    np.testing.assert_allclose(rank_weights([3, 1, 2]), [1.0, 0.0, 0.5])
+    np.testing.assert_allclose(rank_weights([0.2, 0.9, 0.5, -1.0, 0.7]), [0.25, 1.0, 0.5, 0.0, 0.75])
+    np.testing.assert_allclose(rank_weights([1.0, 1.0, 0.0]), [0.75, 0.75, 0.0])  # average rank 1.5
+    np.testing.assert_allclose(rank_weights([4.2]), [1.0])
+    assert rank_weights([]).shape == (0,)
+    with pytest.raises(ValueError, match="`scores`"):
+        rank_weights([1.0, np.nan])
+
+
+def test_weighted_vote_differs_from_plain_majority():
+    answers = ["a", "a", "a", "b", "b"]
+    scores = [-2.0, -1.0, 0.0, 3.0, 2.0]  # b's candidates rank 1 and 2
+    w = rank_weights(scores)  # [0, .25, .5, 1, .75] -> a: 0.75, b: 1.75
+    assert weighted_majority_vote(answers) == "a"
+    assert weighted_majority_vote(answers, w) == "b"
+    assert vote_totals(answers, w)["b"] == (1.75, 2, 3)
+
+
+def test_weighted_vote_ties_and_none():
+    assert weighted_majority_vote(["x", "y", "y"], [1.0, 0.5, 0.5]) == "y"  # weight tie -> count
+    assert weighted_majority_vote(["x", "y"], [0.3, 0.3]) == "x"  # full tie -> first seen
+    assert weighted_majority_vote([None, None, "z"]) == "z"
+    assert weighted_majority_vote([None, "q", None, "r", "r"], [9.0, 0.2, 9.0, 0.1, 0.0]) == "q"
+    assert weighted_majority_vote([None]) is None
+    assert weighted_majority_vote([]) is None
+    assert weighted_majority_vote([1, 2, 2, (3, 4)], [0.0, 0.1, 0.1, 0.5]) == (3, 4)
+
+
+def test_weighted_vote_bad_weights():
+    with pytest.raises(ValueError, match="`weights`"):
+        weighted_majority_vote(["a", "b"], [1.0, np.nan])
+    with pytest.raises(ValueError, match="`weights`"):
+        weighted_majority_vote(["a", "b"], [1.0])
+
+
+def test_head_metrics():
+    assert binary_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
+    assert binary_auc([1, 2, 3], [0, 1, 1]) == 1.0 and binary_auc([3, 2, 1], [0, 1, 1]) == 0.0
+    assert binary_auc([1, 1, 1, 1], [0, 1, 0, 1]) == 0.5
+    assert np.isnan(binary_auc([1, 2], [1, 1]))
+    assert accuracy([2.0, -1.0, 0.5], [1, 0, 0]) == pytest.approx(2 / 3)
+    assert accuracy([0.9, 0.2], [True, False], threshold=0.5) == 1.0
+    with pytest.raises(ValueError, match="`scores`"):
+        binary_auc([np.nan, 1.0], [0, 1])
+
+
+def test_module_imports_no_torch():
+    code = ("import sys, trl_alloc.allocation.arrol; "
+            "assert 'torch' not in sys.modules and 'trl' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,199 @@
+"""ARROL (seed 003, SPEC §4): survival probabilities for partial rollouts, the online score
+calibrator of the quality head, and rank-weighted majority voting at test time. numpy/scipy only."""
+
+from collections import deque
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import expit
+from scipy.stats import rankdata
+
+from ._checks import check_finite, check_int, check_open_unit
+
+
+def _unit_interval(name, values):
+    arr = check_finite(name, values)
+    if arr.size and ((arr < 0).any() or (arr > 1).any()):
+        raise ValueError(f"`{name}` must hold probabilities in [0, 1]; calibrate raw head logits with "
+                         "ScoreCalibrator.calibrate first.")
+    return arr
+
+
+def survival_probabilities(q, keep_ratio=0.5, target_ratio=0.5, slope=0.5, p_min=0.1, p_max=0.9,
+                           direction="auto"):
+    """p_i = clip(κ + δ + λ s (ρ − q_i), p_min, p_max) for one group, δ by bisection so mean(p) = κ.
+
+    q: calibrated success probabilities of the group's partial rollouts; κ = keep_ratio,
+    ρ = target_ratio, λ = slope. The spec's formula is s = +1 (favour low q), which balances a
+    group only when it is mostly correct. With ``direction="auto"`` (default) s = sign(mean(q) − ρ):
+    a mostly-wrong group favours high q instead, so survivors move toward ρ either way (paper
+    App. A.1: remove rollouts on the side of ρ the group's ratio is on). ``"fixed"``: always s = +1.
+    keep_ratio = 1 returns all ones (no pruning).
+    """
+    q = np.atleast_1d(_unit_interval("q", q))
+    if q.ndim != 1:
+        raise ValueError(f"`q` must be 1-D (one group's rollouts), got shape {q.shape}.")
+    kappa = check_open_unit("keep_ratio", keep_ratio, high_closed=True)
+    rho = check_open_unit("target_ratio", target_ratio, low_closed=True, high_closed=True)
+    lo = check_open_unit("p_min", p_min, low_closed=True, high_closed=True)
+    hi = check_open_unit("p_max", p_max, low_closed=True, high_closed=True)
+    lam = float(slope)
+    if not lam >= 0:
+        raise ValueError(f"`slope` must be >= 0 (0 disables the tilt), got {slope!r}.")
+    if lo > hi:
+        raise ValueError(f"`p_min` ({lo}) must not exceed `p_max` ({hi}).")
+    if direction not in ("auto", "fixed"):
+        raise ValueError(f"`direction` must be 'auto' or 'fixed', got {direction!r}.")
+    if kappa == 1.0:
+        return np.ones_like(q)
+    if not lo <= kappa <= hi:
+        raise ValueError(f"keep_ratio={kappa} cannot be met: every p_i is clipped to [p_min, p_max] = "
+                         f"[{lo}, {hi}], so mean(p) must lie there too; choose keep_ratio in that range "
+                         "or widen p_min/p_max (keep_ratio=1 disables pruning).")
+    if q.size == 0:
+        return q
+    sign = 1.0 if direction == "fixed" else float(np.sign(q.mean() - rho))
+    tilt = sign * lam * (rho - q)
+    if kappa in (lo, hi) or not tilt.any():
+        return np.full_like(q, kappa)
+
+    def gap(delta):
+        return np.clip(kappa + delta + tilt, lo, hi).mean() - kappa
+
+    # gap is continuous and non-decreasing in δ; at these ends every p_i sits at p_min / p_max.
+    a, b = lo - kappa - tilt.max() - 1.0, hi - kappa - tilt.min() + 1.0
+    ga, gb = gap(a), gap(b)
+    delta = a if ga >= 0 else b if gb <= 0 else brentq(gap, a, b, xtol=1e-14)
+    return np.clip(kappa + delta + tilt, lo, hi)
+
+
+def sample_survivors(p, rng):
+    """Boolean mask: rollout i survives with probability p_i (is pruned with 1 − p_i)."""
+    p = _unit_interval("p", p)
+    return np.random.default_rng(rng).random(p.shape) < p
+
+
+def rank_weights(scores):
+    """w = (N − rank)/(N − 1) in [0, 1], rank 1 = highest score, ties get their average rank."""
+    s = np.atleast_1d(check_finite("scores", scores))
+    if s.size <= 1:
+        return np.ones_like(s)
+    return (s.size - rankdata(-s, method="average")) / (s.size - 1)
+
+
+def vote_totals(answers, weights=None):
+    """{answer: (total weight, count, first index)}; None answers are skipped."""
+    answers = list(answers)
+    w = np.ones(len(answers)) if weights is None else np.atleast_1d(check_finite("weights", weights))
+    if w.shape != (len(answers),):
+        raise ValueError(f"`weights` must have one entry per answer ({len(answers)}), got shape {w.shape}.")
+    totals = {}
+    for i, (a, wi) in enumerate(zip(answers, w)):
+        if a is not None:
+            t, c, first = totals.get(a, (0.0, 0, i))
+            totals[a] = (t + float(wi), c + 1, first)
+    return totals
+
+
+def weighted_majority_vote(answers, weights=None):
+    """argmax_a Σ_{i: answer_i = a} w_i; ties -> larger plain count, then first appearance.
+
+    weights=None is plain majority voting; returns None when no answer is given.
+    """
+    totals = vote_totals(answers, weights)
+    if not totals:
+        return None
+    best = max(t for t, _, _ in totals.values())
+    tied = [(a, c, f) for a, (t, c, f) in totals.items() if t >= best - 1e-9 * max(1.0, abs(best))]
+    return min(tied, key=lambda x: (-x[1], x[2]))[0]
+
+
+def _labels(labels):
+    arr = np.asarray(labels)
+    if arr.dtype != bool:
+        arr = check_finite("labels", arr)
+        if arr.size and not np.isin(arr, (0, 1)).all():
+            raise ValueError("`labels` must be 0/1 (or bool) final rewards of completed rollouts.")
+    return np.atleast_1d(arr.astype(np.int64))
+
+
+def _paired(scores, labels, name="scores"):
+    s = np.atleast_1d(check_finite(name, scores))
+    y = _labels(labels)
+    if s.shape != y.shape:
+        raise ValueError(f"`{name}` and `labels` must have the same shape, got {s.shape} and {y.shape}.")
+    return s, y
+
+
+def binary_auc(scores, labels):
+    """Mann–Whitney AUC = (R_1 − N_1(N_1+1)/2)/(N_1 N_0); NaN when a class is missing."""
+    s, y = _paired(scores, labels)
+    n1 = int(y.sum())
+    n0 = y.size - n1
+    if n1 == 0 or n0 == 0:
+        return float("nan")
+    r1 = rankdata(s)[y == 1].sum()
+    return float((r1 - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def accuracy(scores, labels, threshold=0.0):
+    """Fraction of (score > threshold) == label (threshold 0 for logits, 0.5 for probabilities)."""
+    s, y = _paired(scores, labels)
+    return float(np.mean((s > threshold) == (y == 1))) if s.size else float("nan")
+
+
+class ScoreCalibrator:
+    """Head logits -> calibrated success probabilities q over a sliding buffer (SPEC §4).
+
+    sigmoid(logit) -> bin b of B equal-width bins on [0, 1]; from the last `buffer_size` completed
+    rollouts: P(b|1) = (n1[b] + α)/(N1 + αB), P(b|0) = (n0[b] + α)/(N0 + αB), π = (N1 + α)/(N + 2α),
+    q = π P(b|1) / (π P(b|1) + (1 − π) P(b|0)). An empty buffer gives q = 0.5.
+    """
+
+    def __init__(self, num_bins=10, buffer_size=2048, alpha=1.0):
+        self.num_bins = check_int("num_bins", num_bins, minimum=1)
+        self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
+        self.alpha = float(alpha)
+        if not self.alpha > 0:
+            raise ValueError(f"`alpha` (Laplace smoothing) must be > 0, got {alpha!r}.")
+        self._buffer = deque(maxlen=self.buffer_size)
+
+    def __len__(self):
+        return len(self._buffer)
+
+    def bins(self, logits):
+        x = np.atleast_1d(check_finite("logits", logits))
+        return np.minimum((expit(x) * self.num_bins).astype(np.int64), self.num_bins - 1)
+
+    def update(self, logits, labels):
+        """Append (bin, label) of completed rollouts; the oldest fall out past `buffer_size`."""
+        x, y = _paired(logits, labels, name="logits")
+        self._buffer.extend(zip(self.bins(x).tolist(), y.tolist()))
+
+    def calibrate(self, logits):
+        b = self.bins(logits)
+        B, a = self.num_bins, self.alpha
+        n1, n0 = np.zeros(B), np.zeros(B)
+        for bin_, label in self._buffer:
+            (n1 if label else n0)[bin_] += 1
+        N1, N0 = n1.sum(), n0.sum()
+        like1 = (n1[b] + a) / (N1 + a * B)
+        like0 = (n0[b] + a) / (N0 + a * B)
+        prior = (N1 + a) / (N1 + N0 + 2 * a)
+        return prior * like1 / (prior * like1 + (1 - prior) * like0)
+
+    def state_dict(self):
+        bins, labels = (list(t) for t in zip(*self._buffer)) if self._buffer else ([], [])
+        return {"num_bins": self.num_bins, "buffer_size": self.buffer_size, "alpha": self.alpha,
+                "bins": bins, "labels": labels}
+
+    def load_state_dict(self, state):
+        bins, labels = [int(b) for b in state["bins"]], [int(y) for y in state["labels"]]
+        num_bins = check_int("num_bins", state["num_bins"], minimum=1)
+        if len(bins) != len(labels) or any(not 0 <= b < num_bins for b in bins) \
+                or any(y not in (0, 1) for y in labels):
+            raise ValueError("calibrator state is corrupt: `bins` and `labels` must pair up, with bins "
+                             f"in [0, {num_bins}) and 0/1 labels; resume from an intact checkpoint.")
+        self.num_bins, self.alpha = num_bins, float(state["alpha"])
+        self.buffer_size = check_int("buffer_size", state["buffer_size"], minimum=1)
+        self._buffer = deque(zip(bins, labels), maxlen=self.buffer_size)
