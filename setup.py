@@ -18,6 +18,7 @@ setup(
         "numpy",
         "scipy",
         "math-verify>=0.9",
+        "matplotlib",
     ],
     extras_require={
         "deepspeed": ["deepspeed>=0.19"],

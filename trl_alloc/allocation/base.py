@@ -26,6 +26,7 @@ class Pacer:
     num_prompts: int
     unit_size: int
     remaining_responses: int
+    paces_budget = False   # True: the proposal's units × g is the round's spend (CERO family)
 
     def propose(self):
         """Executed units per prompt for this round (int array of length ``num_prompts``)."""

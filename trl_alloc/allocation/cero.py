@@ -48,6 +48,8 @@ class CEROScheduler(_BudgetedPacer):
     rounds could not absorb at full capacity, so a budget B ≤ K·C is always spent by round K.
     """
 
+    paces_budget = True
+
     def __init__(self, num_prompts, rounds, budget, round_capacity, max_units=2, saturation=1.0,
                  forgetting=1.0, prior=(1.0, 1.0), init_price=0.5, step_size=None, seed=0, unit_size=4,
                  catch_up=True):
@@ -237,6 +239,8 @@ class CEROGreedy(CEROFixed):
 class RandomMatched(_BudgetedPacer):
     """Ablation `random_matched`: a reference CERO run's allocation (sizes and timing, round by round)
     assigned to a fixed random permutation of the prompts. `reference` is a CERO `allocation_log`."""
+
+    paces_budget = True
 
     def __init__(self, num_prompts, reference, unit_size=4, seed=0):
         total = sum(int(np.sum(u)) for _, u in reference)
