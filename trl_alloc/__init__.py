@@ -1,2 +1,19 @@
-"""trl-alloc: where the rollout budget goes (CERO, SARA, ARROL) for TRL."""
+"""trl-alloc: where the rollout budget goes (CERO, SARA, ARROL) for TRL's GRPOTrainer.
+
+The trainer classes import torch and TRL lazily, so `import trl_alloc.allocation` stays framework-free.
+"""
+
 __version__ = "0.1.0"
+
+_LAZY = {"AllocGRPOConfig": "config", "AllocDAPOConfig": "config",
+         "AllocGRPOTrainer": "trainer", "AllocDAPOTrainer": "trainer"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'trl_alloc' has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

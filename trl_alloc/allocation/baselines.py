@@ -273,10 +273,12 @@ class DynamicSamplingRound(Round):
     def _queue(self):
         left = (self.budget - self.spent) // self.k
         n = min(self.batch_prompts, left, self.stream.size - self.next)
-        if len(self.groups) >= self.target or n <= 0:
+        if len(self.groups) >= self.target:
             return
         if self.generation_calls >= self.max_batches:
             self.hit_cap = True
+            return
+        if n <= 0:
             return
         ids = self.stream[self.next:self.next + n]
         self.next += n

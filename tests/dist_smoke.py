@@ -1,0 +1,62 @@
+"""Launched by tests/test_trainer.py under `accelerate launch` (2 CPU processes): trains a few rounds and
+writes each rank's decisions to <out>/rank<r>.json, so the test can check all ranks acted identically."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from test_trainer import make_args, tiny_setup  # noqa: E402
+
+from transformers import TrainerCallback  # noqa: E402
+
+from trl_alloc.trainer import AllocGRPOTrainer  # noqa: E402
+
+
+def param_sum(trainer):
+    """Sum of all (full, gathered under ZeRO-3) policy parameters; a collective call under ZeRO-3."""
+    params = list(trainer.model_wrapped.parameters())
+    if trainer._dist.is_zero3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            return float(sum(p.detach().double().sum() for p in params))
+    return float(sum(p.detach().double().sum() for p in params))
+
+
+class Checksums(TrainerCallback):
+    def __init__(self):
+        self.trainer, self.sums = None, []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.sums.append(param_sum(self.trainer))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.sums.append(param_sum(self.trainer))
+
+
+def main():
+    out, pacing, filling = sys.argv[1], sys.argv[2], sys.argv[3]
+    extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    resume = extra.pop("resume_from_checkpoint", None)
+    model, tok, ds, reward = tiny_setup()
+    kw = dict(pacing=pacing, filling=filling, num_rounds=3, rollout_budget=40, per_device_train_batch_size=4,
+              gradient_accumulation_steps=2, save_strategy="steps", save_steps=2, max_generation_batches=50)
+    args = make_args(os.path.join(out, "run"), **{**kw, **extra})
+    trainer = AllocGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+    checks = Checksums()
+    checks.trainer = trainer
+    trainer.add_callback(checks)
+    trainer.train(resume_from_checkpoint=resume)
+    rank = trainer.accelerator.process_index
+    record = {"round_log": trainer.round_log, "counters": trainer.counters, "global_step": trainer.state.global_step,
+              "world": trainer.accelerator.num_processes, "param_sums": checks.sums}
+    if trainer.accelerator.is_main_process:
+        record["allocation_state"] = trainer.allocation_state()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,380 @@
+"""AllocGRPOTrainer on a tiny locally built model (CPU, single process)."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+
+from trl_alloc.config import AllocGRPOConfig  # noqa: E402
+
+DIGITS = "0123456789+="
+
+
+def tiny_setup(seed=0, n_prompts=16):
+    """Char-level tokenizer, 2-layer Qwen2 (hidden 64), `n_prompts` "a+b=" prompts, a reward function."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    vocab = {"<pad>": 0, "<eos>": 1}
+    for ch in DIGITS:
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                        padding_side="left")
+    cfg = Qwen2Config(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                      pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg)
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)][:n_prompts]
+    dataset = Dataset.from_list(rows)
+
+    def first_digit_reward(completions, answer, **kwargs):
+        """1 when the completion starts with the answer's first digit (mixed groups for a random model)."""
+        return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
+
+    return model, tokenizer, dataset, first_digit_reward
+
+
+def make_args(output_dir, **overrides):
+    kw = dict(output_dir=output_dir, per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
+              learning_rate=1e-3, logging_steps=1, report_to=[], bf16=False, use_cpu=True,
+              gradient_checkpointing=False, save_strategy="no", seed=0, temperature=1.0)
+    kw.update(overrides)
+    return AllocGRPOConfig(**kw)
+
+
+# ---------------------------------------------------------------- helpers
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from trl_alloc.config import AllocDAPOConfig  # noqa: E402
+from trl_alloc.trainer import ALLOCATION_STATE_NAME, AllocDAPOTrainer, AllocGRPOTrainer  # noqa: E402
+
+# Completions by occurrence of a prompt within one generation call (token ids: digits are 2..11, eos 1).
+SCRIPTED = [[3, 1], [4, 1], [3, 4, 5], [5, 1]]  # "1", "2", "123" (truncated), "3"
+
+
+def scripted_generation(trainer):
+    """Replace sampling by a fixed completion per (prompt, occurrence), so two trainers see the same data."""
+
+    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        seen, out = {}, []
+        for p in prompt_ids:
+            j = seen.get(tuple(p), 0)
+            seen[tuple(p)] = j + 1
+            out.append(list(SCRIPTED[j % len(SCRIPTED)]))
+        return out, None
+
+    trainer._generate_single_turn = generate
+    return trainer
+
+
+def build(tmp_path, pacing="uniform", filling="full", trainer_cls=AllocGRPOTrainer, n_prompts=16, seed=0, **kw):
+    model, tok, ds, reward = tiny_setup(seed=seed, n_prompts=n_prompts)
+    args = make_args(str(tmp_path), pacing=pacing, filling=filling, **kw)
+    return trainer_cls(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+
+
+def count_generated(trainer):
+    """Wrap generation to count every response actually generated."""
+    inner, box = trainer._generate_single_turn, {"n": 0}
+
+    def generate(prompt_ids, *args, **kwargs):
+        out = inner(prompt_ids, *args, **kwargs)
+        box["n"] += len(out[0])
+        return out
+
+    trainer._generate_single_turn = generate
+    return box
+
+
+# ---------------------------------------------------------------- stock equivalence
+
+
+@pytest.mark.parametrize("loss_type,accum", [("dapo", 1), ("grpo", 1), ("dapo", 2)])
+def test_uniform_full_matches_stock_grpo(tmp_path, loss_type, accum):
+    """Same prompts and scripted completions: same loss and the same parameters after two steps."""
+    common = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=3, learning_rate=1e-2,
+                  logging_steps=1, report_to=[], bf16=False, use_cpu=True, gradient_checkpointing=False,
+                  save_strategy="no", seed=0, max_steps=2, loss_type=loss_type, gradient_accumulation_steps=accum)
+    results = []
+    for kind in ("stock", "alloc"):
+        model, tok, ds, reward = tiny_setup(seed=0, n_prompts=2 * accum)  # = one stock step's prompts
+        if kind == "stock":
+            args = GRPOConfig(output_dir=str(tmp_path / kind), **common)
+            trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds,
+                                  processing_class=tok)
+        else:
+            args = AllocGRPOConfig(output_dir=str(tmp_path / kind), pacing="uniform", filling="full", **common)
+            trainer = AllocGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds,
+                                       processing_class=tok)
+        scripted_generation(trainer).train()
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        results.append((losses, [p.detach().clone() for p in trainer.model.parameters()]))
+    (stock_loss, stock_params), (alloc_loss, alloc_params) = results
+    assert len(alloc_loss) == len(stock_loss) == 2
+    np.testing.assert_allclose(alloc_loss, stock_loss, rtol=1e-4, atol=1e-6)
+    for a, b in zip(alloc_params, stock_params):  # Adam steps are ~lr = 1e-2; summation order differs
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+    initial = list(tiny_setup(seed=0)[0].parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(alloc_params, initial)), "the policy should have moved"
+
+
+# ---------------------------------------------------------------- rounds, budget, accounting
+
+
+def test_runs_exactly_num_rounds(tmp_path):
+    trainer = build(tmp_path, num_rounds=3)
+    generated = count_generated(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert trainer.counters["rounds"] == 3
+    assert generated["n"] == trainer.counters["responses"] == 3 * 2 * 4  # 2 prompts × k=4 per round
+    assert [len(r["groups"]) for r in trainer.round_log] == [2, 2, 2]
+    logged = [h for h in trainer.state.log_history if "alloc/responses_spent" in h]
+    assert [h["alloc/responses_spent"] for h in logged] == [8.0, 16.0, 24.0]
+    assert logged[-1]["alloc/responses_remaining"] == 0.0
+
+
+def test_stops_when_budget_exhausted_with_final_save(tmp_path):
+    trainer = build(tmp_path, num_rounds=5, rollout_budget=16, save_strategy="steps", save_steps=100)
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.budget_exhausted
+    assert trainer.counters["responses"] == 16 and trainer.pacer.remaining_responses == 0
+    state = json.loads((tmp_path / "checkpoint-2" / ALLOCATION_STATE_NAME).read_text())
+    assert state["pacer"]["remaining_responses"] == 0 and state["counters"]["rounds"] == 2
+
+
+@pytest.mark.parametrize("pacing,filling", [("cero", "sara"), ("uniform", "sara"), ("uniform", "dynamic_sampling"),
+                                            ("cero", "full"), ("knapsack", "full")])
+def test_never_generates_past_the_budget(tmp_path, pacing, filling):
+    budget = 40
+    trainer = build(tmp_path, pacing=pacing, filling=filling, num_rounds=6, rollout_budget=budget,
+                    max_generation_batches=50)
+    generated = count_generated(trainer)
+    trainer.train()
+    spent = budget - trainer.pacer.remaining_responses
+    assert generated["n"] == trainer.counters["responses"] == spent <= budget
+    assert trainer.state.global_step == trainer.counters["rounds"] <= 6
+    for entry in trainer.round_log:  # every loss group was generated in its own round
+        asked = {pid for ids, _ in entry["requests"] for pid in ids}
+        assert set(entry["groups"]) <= asked
+
+
+def test_empty_round_leaves_parameters_unchanged(tmp_path):
+    # ν1 = 1 prices every prompt out (margins 4q̂ − 1 <= 0), and no catch-up forces spending.
+    trainer = build(tmp_path, pacing="cero", filling="full", num_rounds=1, init_price=1.0, catch_up=False,
+                    weight_decay=0.1)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert trainer.state.global_step == 1 and trainer.counters["empty_rounds"] == 1
+    assert trainer.round_log[0]["requests"] == [] and trainer.round_log[0]["groups"] == []
+    for a, b in zip(before, trainer.model.parameters()):
+        assert torch.equal(a, b)
+    assert trainer._saved_lrs is None  # the zero-lr step was undone
+
+
+def test_variable_group_sizes_reach_the_loss(tmp_path):
+    """CERO + full with g=2, N_max=2: groups of 2 and 4 responses in one round, each normalised alone."""
+    trainer = build(tmp_path, pacing="cero", filling="full", num_rounds=2, num_generations=4, unit_size=2,
+                    max_units=2, round_capacity=3, rollout_budget=12)
+    batches = {}
+    inner = trainer._build_loss_batches
+
+    def spy(rows, groups):
+        out = inner(rows, groups)
+        batches.setdefault("sizes", []).append([sum(r["pid"] == g for r in rows) for g in groups])
+        return out
+
+    trainer._build_loss_batches = spy
+    trainer.train()
+    assert any(sorted(s) == [2, 4] for s in batches["sizes"])
+
+
+def test_dapo_trainer_adds_overlong_shaping(tmp_path):
+    model, tok, ds, reward = tiny_setup()
+    args = AllocDAPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
+                           max_completion_length=5, report_to=[], bf16=False, use_cpu=True,
+                           gradient_checkpointing=False, save_strategy="no", num_rounds=2, max_generation_batches=20)
+    assert (args.epsilon, args.epsilon_high, args.loss_type, args.filling) == (0.2, 0.28, "dapo", "dynamic_sampling")
+    assert args.overlong_buffer == 1
+    trainer = AllocDAPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+    assert trainer.reward_func_names[-1] == "soft_overlong_punishment_reward"
+    trainer.train()
+    assert trainer.counters["rounds"] >= 1
+
+
+# ---------------------------------------------------------------- checkpoint / resume
+
+
+def test_resume_restores_allocator_and_reproduces_decisions(tmp_path):
+    kw = dict(pacing="cero", filling="sara", num_rounds=4, rollout_budget=48, save_strategy="steps", save_steps=2)
+    full = build(tmp_path / "full", **kw)
+    full.train()
+    ckpt = tmp_path / "full" / "checkpoint-2"
+    saved = json.loads((ckpt / ALLOCATION_STATE_NAME).read_text())
+    assert saved["counters"]["rounds"] == 2 and saved["pacer"]["round"] == 2
+
+    resumed = build(tmp_path / "resumed", **kw)
+    loaded = {}
+    inner = resumed.load_allocation_state
+
+    def spy(state):
+        inner(state)
+        loaded.update(json.loads(json.dumps(resumed.allocation_state())))  # a snapshot, not live lists
+
+    resumed.load_allocation_state = spy
+    resumed.train(resume_from_checkpoint=str(ckpt))
+    assert loaded["pacer"] == saved["pacer"] and loaded["counters"] == saved["counters"]
+    assert resumed.state.global_step == full.state.global_step
+    assert resumed.round_log == full.round_log[2:]  # the same requests and groups as the uninterrupted run
+    assert resumed.allocation_state()["pacer"] == full.allocation_state()["pacer"]
+
+
+def test_resume_rejects_a_different_pipeline(tmp_path):
+    first = build(tmp_path / "a", num_rounds=2, save_strategy="steps", save_steps=1)
+    first.train()
+    other = build(tmp_path / "b", pacing="cero", filling="full", num_rounds=2)
+    with pytest.raises(ValueError, match="pacing="):
+        other.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-1"))
+
+
+# ---------------------------------------------------------------- config errors
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(pacing="bogus"), "unknown `pacing='bogus'`"),
+    (dict(filling="nope"), "unknown `filling='nope'`"),
+    (dict(pruning="arrol"), "pruning='none'"),
+    (dict(commit_min=8), "commit_min"),
+    (dict(probe=5), "probe"),
+    (dict(tau_low=1.5), "tau_low"),
+    (dict(num_iterations=2), "num_iterations"),
+    (dict(steps_per_generation=2), "steps_per_generation"),
+    (dict(pacing="knapsack", filling="sara"), "filling='full'"),
+    (dict(pacing="random_matched"), "random_matched_reference"),
+    (dict(pacing="cero", rollout_budget=10), "multiple of `unit_size`"),
+    (dict(pacing="cero", num_rounds=2, round_capacity=2, rollout_budget=40), "exceeds what 2 rounds can spend"),
+    (dict(pacing="uniform", filling="full", num_rounds=2, rollout_budget=100), "lower `rollout_budget`"),
+    (dict(round_capacity=1), "round_capacity"),
+    (dict(num_rounds=3, max_steps=5), "disagree"),
+])
+def test_bad_config_raises_helpful_error(tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")):
+        make_args(str(tmp_path), **overrides)
+
+
+def test_bad_dataset_and_pool_errors(tmp_path):
+    model, tok, ds, reward = tiny_setup()
+    args = make_args(str(tmp_path), pacing="uniform", filling="full", per_device_train_batch_size=128,
+                     num_rounds=1)
+    with pytest.raises(ValueError, match="exceeds the 16 prompts"):
+        AllocGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+    with pytest.raises(ValueError, match="indexable"):
+        AllocGRPOTrainer(model=model, reward_funcs=reward, args=make_args(str(tmp_path)),
+                         train_dataset=ds.to_iterable_dataset(), processing_class=tok)
+    with pytest.raises(TypeError, match="AllocGRPOConfig"):
+        AllocGRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True,
+                                                                          bf16=False), train_dataset=ds,
+                         processing_class=tok)
+
+
+# ---------------------------------------------------------------- two processes under DeepSpeed (slow)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", ["zero2", "zero3"])
+def test_two_process_deepspeed_ranks_agree(tmp_path, zero):
+    """`accelerate launch` with 2 CPU processes: every rank logs the same decisions; budget is exact.
+    probe=1 makes one-row requests, so some ranks have no share (ZeRO-3 pads, ZeRO-2 skips)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def launch(out, **extra):
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               os.path.join(root, "configs", "accelerate", f"{zero}.yaml"), "--main_process_port", "0",
+               os.path.join(root, "tests", "dist_smoke.py"), str(out), "cero", "sara",
+               json.dumps({"probe": 1, "commit_min": 3, **extra})]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+    ranks = launch(tmp_path)
+    assert ranks[0]["world"] == 2
+    assert ranks[0]["round_log"] == ranks[1]["round_log"] and ranks[0]["counters"] == ranks[1]["counters"]
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == ranks[0]["counters"]["rounds"]
+    state = ranks[0]["allocation_state"]
+    assert ranks[0]["counters"]["responses"] == 40 - state["pacer"]["remaining_responses"] <= 40
+    sums = ranks[0]["param_sums"]  # before training, then after each round
+    assert sums == ranks[1]["param_sums"] and len(sums) == len(ranks[0]["round_log"]) + 1
+    for i, entry in enumerate(ranks[0]["round_log"]):  # a round without groups moves no parameter
+        assert (sums[i + 1] == sums[i]) == (not entry["groups"]), (i, entry["groups"])
+    saved = json.loads((tmp_path / "run" / "checkpoint-2" / ALLOCATION_STATE_NAME).read_text())
+    assert saved["counters"]["rounds"] == 2
+    if zero == "zero2":  # resuming on 2 ranks reproduces the uninterrupted run's decisions and weights
+        resumed = launch(tmp_path / "resumed", resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+        assert resumed[0]["round_log"] == resumed[1]["round_log"] == ranks[0]["round_log"][2:]
+        assert resumed[0]["param_sums"][-1] == sums[-1]
+        assert resumed[0]["allocation_state"]["pacer"] == state["pacer"]
+
+
+# ---------------------------------------------------------------- KL reference and vLLM IS correction paths
+
+
+def test_kl_reference_model(tmp_path):
+    model, tok, ds, reward = tiny_setup()
+    model.save_pretrained(tmp_path / "policy")
+    tok.save_pretrained(tmp_path / "policy")
+    args = make_args(str(tmp_path / "out"), pacing="uniform", filling="full", num_rounds=2, beta=0.04)
+    trainer = AllocGRPOTrainer(model=str(tmp_path / "policy"), reward_funcs=reward, args=args, train_dataset=ds,
+                               processing_class=tok)
+    scripted_generation(trainer).train()
+    assert any("kl" in h for h in trainer.state.log_history)
+
+
+def test_importance_sampling_correction_batch(tmp_path):
+    """With vLLM's sampling log-probs (faked here), micro-batches carry TRL's IS ratio and old log-probs."""
+    trainer = build(tmp_path, pacing="uniform", filling="full", num_rounds=1)
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    trainer.vllm_importance_sampling_mode = "token_truncate"
+    trainer.vllm_importance_sampling_clip_max = 3.0
+
+    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        return [list(SCRIPTED[i % 4]) for i in range(len(prompt_ids))], [[-2.0] * len(SCRIPTED[i % 4])
+                                                                           for i in range(len(prompt_ids))]
+
+    trainer._generate_single_turn = generate
+    trainer.model.train()
+    batch = trainer._run_round()[0]
+    assert {"old_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio"} <= set(batch)
+    expected = torch.clamp(torch.exp(batch["old_per_token_logps"] + 2.0), max=3.0) * batch["completion_mask"]
+    torch.testing.assert_close(batch["importance_sampling_ratio"] * batch["completion_mask"], expected)
+
+
+def test_dynamic_sampling_cap_fails_clearly(tmp_path):
+    model, tok, ds, _ = tiny_setup()
+    args = make_args(str(tmp_path), pacing="uniform", filling="dynamic_sampling", num_rounds=2,
+                     max_generation_batches=1)
+    never = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731  (no group ever varies)
+    trainer = AllocGRPOTrainer(model=model, reward_funcs=never, args=args, train_dataset=ds, processing_class=tok)
+    with pytest.raises(RuntimeError, match="max_generation_batches"):
+        trainer.train()
+
+
+def test_prompt_column_required(tmp_path):
+    model, tok, ds, reward = tiny_setup()
+    with pytest.raises(ValueError, match="'prompt' column"):
+        AllocGRPOTrainer(model=model, reward_funcs=reward, args=make_args(str(tmp_path)),
+                         train_dataset=ds.rename_column("prompt", "question"), processing_class=tok)

@@ -1,0 +1,234 @@
+"""TRL-style configs: `AllocGRPOConfig(GRPOConfig)` and `AllocDAPOConfig`, parsed by `TrlParser`.
+
+One optimizer step is one scheduler round. The stage fields (`pacing`, `filling`, `pruning`) pick
+the sampling pipeline; the rest are the stages' hyperparameters (SPEC §2, §3, §5).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+PACINGS = ("cero", "uniform", "cero_fixed", "cero_preset", "cero_greedy", "random_matched", "knapsack")
+FILLINGS = ("sara", "full", "dynamic_sampling")
+PRUNINGS = ("none",)
+CERO_FAMILY = ("cero", "cero_fixed", "cero_preset", "cero_greedy")
+# Ratio of CERO's default round capacity to its mean per-round spend (C = 132 vs B/K = 128 units).
+CAPACITY_HEADROOM = 33 / 32
+
+
+@dataclass
+class AllocGRPOConfig(GRPOConfig):
+    r"""GRPOConfig plus the rollout-allocation pipeline.
+
+    The training dataset is the prompt pool. Each optimizer step runs one round: the pacer admits
+    prompts, the filler turns them into generation requests, and only the round's committed groups
+    reach the loss. `gradient_accumulation_steps` splits a round's responses into that many
+    micro-batches (the number of responses per round varies, so `per_device_train_batch_size` only
+    sets TRL's nominal batch, `generation_batch_size`, from which the defaults below derive).
+    """
+
+    # Stages
+    pacing: str = field(default="cero", metadata={
+        "help": "Across-round stage: which prompts get a group this round. One of " + ", ".join(PACINGS) + "."})
+    filling: str = field(default="sara", metadata={
+        "help": "Within-round stage: how each admitted prompt's responses are collected. One of "
+        + ", ".join(FILLINGS) + "."})
+    pruning: str = field(default="none", metadata={
+        "help": "Within-rollout stage. Only 'none' is available in this version."})
+
+    # Budget and rounds
+    rollout_budget: int | None = field(default=None, metadata={
+        "help": "Global budget in responses for the whole run (probes, abandoned and pruned responses included). "
+        "None = num_rounds × generation_batch_size (the responses stock GRPO would generate)."})
+    num_rounds: int | None = field(default=None, metadata={
+        "help": "Scheduler rounds K (= optimizer steps). None = `max_steps` if set, else the steps stock GRPO would "
+        "take for `num_train_epochs` over the dataset."})
+    prompts_per_round: int | None = field(default=None, metadata={
+        "help": "Prompts per round for pacing='uniform'/'knapsack'. None = generation_batch_size // num_generations "
+        "(stock GRPO)."})
+    allocation_seed: int | None = field(default=None, metadata={
+        "help": "Seed of the allocator's own randomness (tie-breaking permutations, epoch orders). None = `seed`."})
+
+    # CERO (SPEC §2, Appendix G)
+    unit_size: int = field(default=4, metadata={"help": "CERO allocation unit g, in responses."})
+    max_units: int = field(default=2, metadata={
+        "help": "CERO per-prompt per-round cap N_max in units (2 × 4 = one 8-response group)."})
+    round_capacity: int | None = field(default=None, metadata={
+        "help": "CERO round capacity C in units. None = ceil(33/32 × budget / (num_rounds × unit_size)), the paper's "
+        "132-vs-128 headroom."})
+    saturation: float = field(default=1.0, metadata={"help": "CERO saturation λ of the utility 1 − exp(−4λq̂z/R)."})
+    forgetting: float = field(default=1.0, metadata={"help": "Forgetting ρ in (0, 1] of the per-prompt Beta states."})
+    prior_alpha: float = field(default=1.0, metadata={"help": "Beta prior a0 of every prompt's success rate."})
+    prior_beta: float = field(default=1.0, metadata={"help": "Beta prior b0 of every prompt's success rate."})
+    init_price: float = field(default=0.5, metadata={"help": "CERO initial budget price ν1 in [0, 1]."})
+    step_size: float | None = field(default=None, metadata={
+        "help": "CERO dual step sizes γ_ϑ = γ_ν. None = 1/sqrt(num_rounds)."})
+    catch_up: bool = field(default=True, metadata={
+        "help": "CERO reserve-aware catch-up: spend what later rounds could not absorb, so the budget is used up."})
+    random_matched_reference: str | None = field(default=None, metadata={
+        "help": "pacing='random_matched': path to a CERO run's allocation_state.json (or a JSON allocation log) whose "
+        "per-round allocation sizes are replayed on a random permutation of prompts."})
+    knapsack_min_n: int = field(default=2, metadata={"help": "KnapsackRL minimum responses per prompt."})
+    knapsack_max_n: int | None = field(default=None, metadata={
+        "help": "KnapsackRL maximum responses per prompt. None = 4 × num_generations."})
+
+    # SARA (SPEC §3) and dynamic sampling (SPEC §5)
+    target_groups: int | None = field(default=None, metadata={
+        "help": "Groups a SARA / dynamic-sampling round tries to commit (B). None = the number of prompts the pacer "
+        "admitted this round."})
+    probe: int = field(default=2, metadata={"help": "SARA probe size n0 (first rollouts per prompt)."})
+    tau_low: float = field(default=0.45, metadata={
+        "help": "SARA abandonment threshold: abandon a prompt when P(group ends mixed) < tau_low."})
+    commit_min: int | None = field(default=None, metadata={
+        "help": "SARA commits a mixed group once it has this many responses. None = num_generations (k)."})
+    sara_safety_factor: int = field(default=6, metadata={
+        "help": "SARA safety budget per round, in units of target_groups × k (pacing='uniform' only)."})
+    history_decay: float | None = field(default=0.5, metadata={
+        "help": "SARA prior = the prompt's Beta state shrunk toward the prior by this factor in [0, 1] "
+        "(a0 + decay·(a − a0)). None = flat prior Beta(prior_alpha, prior_beta)."})
+    max_generation_batches: int = field(default=10, metadata={
+        "help": "Dynamic sampling: generation batches allowed per round before the run fails (DAPO's cap)."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_choice("pacing", self.pacing, PACINGS)
+        _check_choice("filling", self.filling, FILLINGS)
+        if self.pruning != "none":
+            raise ValueError(f"`pruning={self.pruning!r}` is not available in this version; set pruning='none'.")
+        if self.num_iterations != 1:
+            raise ValueError(f"`num_iterations` must be 1 (one round = one optimizer step), got {self.num_iterations}.")
+        if self.steps_per_generation != self.gradient_accumulation_steps:
+            raise ValueError(
+                f"one round is one optimizer step, so `steps_per_generation` ({self.steps_per_generation}) must equal "
+                f"`gradient_accumulation_steps` ({self.gradient_accumulation_steps}); set only "
+                "`gradient_accumulation_steps` (and leave `generation_batch_size` / `steps_per_generation` unset).")
+        k = self.num_generations
+        if self.commit_min is None:
+            self.commit_min = k
+        for name, lo in (("unit_size", 1), ("max_units", 1), ("probe", 1), ("commit_min", 2),
+                         ("sara_safety_factor", 1), ("max_generation_batches", 1), ("knapsack_min_n", 1)):
+            if int(getattr(self, name)) < lo:
+                raise ValueError(f"`{name}` must be >= {lo}, got {getattr(self, name)}.")
+        if self.probe > k:
+            raise ValueError(f"`probe` ({self.probe}) must not exceed `num_generations` (k = {k}); lower `probe`.")
+        if self.commit_min > k:
+            raise ValueError(f"`commit_min` ({self.commit_min}) must not exceed `num_generations` (k = {k}); lower "
+                             "`commit_min` or raise `num_generations`.")
+        if not 0 < self.tau_low < 1:
+            raise ValueError(f"`tau_low` must lie in (0, 1), got {self.tau_low}.")
+        if not 0 < self.forgetting <= 1:
+            raise ValueError(f"`forgetting` must lie in (0, 1], got {self.forgetting}.")
+        if not (self.prior_alpha > 0 and self.prior_beta > 0):
+            raise ValueError(f"`prior_alpha` and `prior_beta` must be positive, got ({self.prior_alpha}, "
+                             f"{self.prior_beta}).")
+        if not 0 <= self.init_price <= 1:
+            raise ValueError(f"`init_price` must lie in [0, 1], got {self.init_price}.")
+        if self.saturation <= 0:
+            raise ValueError(f"`saturation` must be positive, got {self.saturation}.")
+        if self.step_size is not None and self.step_size <= 0:
+            raise ValueError(f"`step_size` must be positive (or None for 1/sqrt(num_rounds)), got {self.step_size}.")
+        if self.history_decay is not None and not 0 <= self.history_decay <= 1:
+            raise ValueError(f"`history_decay` must lie in [0, 1] (or None for a flat prior), "
+                             f"got {self.history_decay}.")
+        if self.pacing == "knapsack" and self.filling != "full":
+            raise ValueError("pacing='knapsack' sets each prompt's response count itself; use filling='full'.")
+        if self.pacing == "random_matched" and not self.random_matched_reference:
+            raise ValueError("pacing='random_matched' replays a CERO run's allocation sizes: set "
+                             "`random_matched_reference` to that run's allocation_state.json.")
+        for name in ("num_rounds", "rollout_budget", "prompts_per_round", "round_capacity", "target_groups"):
+            value = getattr(self, name)
+            if value is not None and int(value) < 1:
+                raise ValueError(f"`{name}` must be a positive integer (or None), got {value}.")
+        if self.rollout_budget is not None and self.pacing in CERO_FAMILY and self.rollout_budget % self.unit_size:
+            raise ValueError(f"`rollout_budget` ({self.rollout_budget}) must be a whole number of CERO units; use a "
+                             f"multiple of `unit_size` ({self.unit_size}).")
+        if self.round_capacity is not None and self.round_capacity < self.max_units:
+            raise ValueError(f"`round_capacity` ({self.round_capacity} units) is below one group (`max_units` = "
+                             f"{self.max_units}); raise it to at least {self.max_units}.")
+        if self.num_rounds is not None and self.max_steps > 0 and self.max_steps != self.num_rounds:
+            raise ValueError(f"`max_steps` ({self.max_steps}) and `num_rounds` ({self.num_rounds}) disagree; one round "
+                             "is one optimizer step, so set only `num_rounds`.")
+        if self.num_rounds is not None:
+            self.check_budget(self.num_rounds)
+
+    # -- derived quantities (the trainer calls these once it knows the dataset) ------------------
+    @property
+    def nominal_prompts_per_round(self):
+        """Prompts per round of stock GRPO (and of pacing='uniform' by default)."""
+        return self.prompts_per_round or max(1, self.generation_batch_size // self.num_generations)
+
+    def budget_for(self, num_rounds):
+        """The global response budget of a run of `num_rounds` rounds."""
+        if self.rollout_budget is not None:
+            return int(self.rollout_budget)
+        if self.pacing in ("uniform", "knapsack"):
+            return num_rounds * self.nominal_prompts_per_round * self.num_generations
+        budget = num_rounds * self.generation_batch_size
+        return budget - budget % self.unit_size if self.pacing in CERO_FAMILY else budget
+
+    def capacity_for(self, num_rounds):
+        """CERO round capacity C in units."""
+        if self.round_capacity is not None:
+            return int(self.round_capacity)
+        units = self.budget_for(num_rounds) // self.unit_size
+        return max(self.max_units, math.ceil(CAPACITY_HEADROOM * units / num_rounds))
+
+    def max_round_responses(self, num_rounds):
+        """Most responses one round can spend, or None when unbounded by the config alone."""
+        k = self.num_generations
+        if self.pacing in CERO_FAMILY:
+            return self.capacity_for(num_rounds) * self.unit_size
+        if self.pacing in ("uniform", "knapsack"):
+            ppr = self.nominal_prompts_per_round
+            target = self.target_groups or ppr
+            if self.filling == "full":
+                return ppr * k
+            if self.filling == "dynamic_sampling":
+                return self.max_generation_batches * target * k
+            return self.sara_safety_factor * target * k
+        return None
+
+    def check_budget(self, num_rounds):
+        """Reject a budget the run cannot spend in `num_rounds` rounds."""
+        if int(num_rounds) < 1:
+            raise ValueError(f"`num_rounds` must be >= 1, got {num_rounds}.")
+        budget, per_round = self.budget_for(num_rounds), self.max_round_responses(num_rounds)
+        if per_round is not None and budget > num_rounds * per_round:
+            raise ValueError(
+                f"`rollout_budget` ({budget} responses) exceeds what {num_rounds} rounds can spend "
+                f"({num_rounds} × {per_round} responses per round); lower `rollout_budget` or raise `num_rounds`"
+                + (" / `round_capacity`." if self.pacing in CERO_FAMILY else " / `prompts_per_round`."))
+
+
+@dataclass
+class AllocDAPOConfig(AllocGRPOConfig):
+    r"""AllocGRPOConfig with DAPO's defaults: clip-higher (ε_low 0.2, ε_high 0.28), token-level loss
+    (`loss_type='dapo'`), overlong reward shaping and dynamic sampling. With `pacing='uniform'` (the
+    default here) this is plain DAPO; set `pacing='cero', filling='sara'` for the method on DAPO.
+    """
+
+    pacing: str = field(default="uniform", metadata={
+        "help": "Across-round stage. One of " + ", ".join(PACINGS) + ". Default 'uniform' (plain DAPO)."})
+    filling: str = field(default="dynamic_sampling", metadata={
+        "help": "Within-round stage. One of " + ", ".join(FILLINGS) + ". Default 'dynamic_sampling' (DAPO)."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping ε_low."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clipping ε_high (clip-higher)."})
+    loss_type: str = field(default="dapo", metadata={"help": "Token-level loss normalisation (DAPO)."})
+    overlong_buffer: int | None = field(default=None, metadata={
+        "help": "Overlong reward shaping: the penalty ramps from 0 to −1 over the last `overlong_buffer` tokens before "
+        "max_completion_length. None = max_completion_length // 5 (DAPO: 4096 of 20480); 0 disables it."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.overlong_buffer is None:
+            self.overlong_buffer = (self.max_completion_length or 0) // 5
+        cap = self.max_completion_length
+        if self.overlong_buffer < 0 or (cap and self.overlong_buffer > cap):
+            raise ValueError(f"`overlong_buffer` ({self.overlong_buffer}) must lie in [0, max_completion_length "
+                             f"({self.max_completion_length})].")
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"unknown `{name}={value!r}`; choose one of {', '.join(choices)}.")

@@ -1,0 +1,91 @@
+"""End-of-run allocation plots and summary (`output_dir/allocation/`): spend per round vs uniform,
+effective-group rate, exposure distribution, head calibration when ARROL is on."""
+
+import json
+import os
+
+import numpy as np
+
+
+def summarize(history, exposure, budget_responses, extra=None):
+    """The run's allocation summary from per-round records (dicts with `responses`, `groups`,
+    `effective_groups`, `tokens`) and per-prompt exposure (responses per prompt)."""
+    spend = np.array([h.get("responses", 0) for h in history], float)
+    groups = np.array([h.get("groups", 0) for h in history], float)
+    eff = np.array([h.get("effective_groups", 0) for h in history], float)
+    exposure = np.asarray(exposure, float)
+    rounds = len(history)
+    uniform = budget_responses / rounds if rounds else 0.0
+    gap = np.cumsum(spend) - uniform * np.arange(1, rounds + 1)
+    out = {
+        "rounds": rounds,
+        "budget_responses": int(budget_responses),
+        "responses_spent": int(spend.sum()),
+        "responses_remaining": int(budget_responses - spend.sum()),
+        "tokens_spent": int(sum(h.get("tokens", 0) for h in history)),
+        "groups": int(groups.sum()),
+        "effective_groups": int(eff.sum()),
+        "effective_group_rate": float(eff.sum() / groups.sum()) if groups.sum() else 0.0,
+        "responses_per_effective_group": float(spend.sum() / eff.sum()) if eff.sum() else None,
+        "max_abs_pacing_gap": float(np.abs(gap).max()) if rounds else 0.0,
+        "prompts_seen": int((exposure > 0).sum()),
+        "exposure_quantiles": {str(q): float(np.quantile(exposure, q)) for q in (0.5, 0.9, 0.99, 1.0)}
+        if exposure.size else {},
+    }
+    out.update(extra or {})
+    return out
+
+
+def write_allocation_report(output_dir, history, exposure, budget_responses, extra=None, calibration=None):
+    """Write `summary.json` and the PNG plots; returns the summary. `calibration` (optional):
+    dict with `predicted` and `observed` positive rates per score bin."""
+    folder = os.path.join(output_dir, "allocation")
+    os.makedirs(folder, exist_ok=True)
+    summary = summarize(history, exposure, budget_responses, extra)
+    summary["plots"] = _plot(folder, history, np.asarray(exposure, float), budget_responses, calibration)
+    with open(os.path.join(folder, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump({**summary, "per_round": history}, f, indent=1, default=float)
+    return summary
+
+
+def _plot(folder, history, exposure, budget_responses, calibration):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    rounds = np.arange(1, len(history) + 1)
+    spend = np.array([h.get("responses", 0) for h in history], float)
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(os.path.join(folder, name), dpi=100)
+        plt.close(fig)
+        written.append(name)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(rounds, np.cumsum(spend), label="spent")
+    ax.plot(rounds, budget_responses / max(len(history), 1) * rounds, "--", label="uniform spending")
+    ax.set(xlabel="round", ylabel="responses (cumulative)", title="Spend per round vs uniform")
+    ax.legend()
+    save(fig, "spend.png")
+
+    groups = np.array([h.get("groups", 0) for h in history], float)
+    eff = np.array([h.get("effective_groups", 0) for h in history], float)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(rounds, np.divide(eff, groups, out=np.zeros_like(eff), where=groups > 0), marker=".")
+    ax.set(xlabel="round", ylabel="effective / groups", ylim=(0, 1.05), title="Effective-group rate")
+    save(fig, "effective_group_rate.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(exposure, bins=min(30, max(int(exposure.max()) + 1, 2)) if exposure.size else 2)
+    ax.set(xlabel="responses per prompt over the run", ylabel="prompts", title="Exposure distribution")
+    save(fig, "exposure.png")
+
+    if calibration:
+        fig, ax = plt.subplots(figsize=(4, 4))
+        ax.plot([0, 1], [0, 1], "k--", lw=0.8)
+        ax.plot(calibration["predicted"], calibration["observed"], "o-")
+        ax.set(xlabel="head's calibrated q", ylabel="observed success rate", title="Quality-head calibration")
+        save(fig, "head_calibration.png")
+    return written
