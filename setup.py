@@ -7,7 +7,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["trl_alloc", "trl_alloc.*"]),
+    packages=find_packages(include=["trl_alloc", "trl_alloc.*"]) + ["trl_alloc.model_cards"],
+    package_dir={"trl_alloc.model_cards": "model_cards"},   # the card templates ship inside the package
+    package_data={"trl_alloc.model_cards": ["*.md"]},
     install_requires=[
         "trl>=1.16,<1.17",
         "transformers",
@@ -19,6 +21,7 @@ setup(
         "scipy",
         "math-verify>=0.9",
         "matplotlib",
+        "tensorboard",
     ],
     extras_require={
         "deepspeed": ["deepspeed>=0.19"],

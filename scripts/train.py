@@ -124,6 +124,9 @@ def main():
         keys = ["rounds", "responses_spent", "responses_remaining", "tokens_spent", "groups", "effective_groups",
                 "effective_group_rate", "responses_per_effective_group", "allocator_time_share"]
         print("[trl-alloc] allocation summary: " + json.dumps({k: summary.get(k) for k in keys}, default=float))
+    if training_args.push_to_hub:  # the card now carries the held-out figures too
+        builtin = script_args.dataset_name.startswith("builtin:")
+        trainer.push_to_hub(dataset_name=None if builtin else script_args.dataset_name)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from trl.trainer.utils import nanstd, pad, use_adapter
 
 from .allocation_factory import build_filler, build_pacer, resolve_num_rounds, round_kwargs
 from .config import AllocDAPOConfig, AllocGRPOConfig
+from .hub import HubMixin
 
 ALLOCATION_STATE_NAME = "allocation_state.json"
 STATE_VERSION = 1
@@ -87,7 +88,7 @@ class _AllocationCallback(TrainerCallback):
             self.trainer.allocation_summary = self.trainer.write_allocation_report()
 
 
-class AllocGRPOTrainer(GRPOTrainer):
+class AllocGRPOTrainer(HubMixin, GRPOTrainer):
     """GRPOTrainer whose sampling step is a CERO/SARA-style allocation pipeline (see module docstring).
 
     Takes GRPOTrainer's arguments; `args` must be an `AllocGRPOConfig` and `train_dataset` an indexable
