@@ -1,0 +1,210 @@
+"""Synthetic tasks, their verifiers, and the embedded tiny model (built offline, once per session)."""
+
+import builtins
+import json
+import operator
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+from trl_alloc.rewards import arithmetic_reward, countdown_reward, math_reward  # noqa: E402
+from trl_alloc.tasks import build_dataset, check_countdown, generate_problems  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- tasks
+@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+def test_generation_is_deterministic_by_seed(task):
+    a = build_dataset(task, n=50, seed=3)
+    assert a.to_list() == build_dataset(task, n=50, seed=3).to_list()
+    assert a["prompt"] != build_dataset(task, n=50, seed=4)["prompt"]
+    assert all(isinstance(p, str) and isinstance(s, str) for p, s in zip(a["prompt"], a["answer"]))
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+def test_train_and_test_are_disjoint(task):
+    train = set(build_dataset(task, n=3000, seed=0, split="train")["prompt"])
+    test = build_dataset(task, n=500, seed=0, split="test")["prompt"]
+    other_seed_test = build_dataset(task, n=500, seed=1, split="test")["prompt"]
+    assert not train & set(test) and not train & set(other_seed_test)
+
+
+def test_arithmetic_format_and_difficulty_spread():
+    ds = build_dataset("arithmetic", n=200, seed=0)
+    assert set(ds["difficulty"]) == {1, 2, 3, 4, 5}
+    assert ds[0]["prompt"].endswith("=") and len(ds[0]["prompt"]) <= 8
+    ops = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+    for row in ds:
+        a, op, b = re.fullmatch(r"(\d+)([-+*])(\d+)=", row["prompt"]).groups()
+        assert ops[op](int(a), int(b)) == int(row["answer"]) >= 0
+    assert arithmetic_reward(ds["prompt"], ds["answer"], answer=ds["answer"]) == [1.0] * len(ds)
+
+
+def test_countdown_reference_answers_verify():
+    rows = generate_problems("countdown", n=200, seed=0)
+    for r in rows:
+        assert check_countdown(r["answer"], r["numbers"], r["target"]), r
+    ds = build_dataset("countdown", n=50, seed=0)
+    assert countdown_reward(ds["prompt"], ds["answer"], **{c: ds[c] for c in ("numbers", "target")}) == [1.0] * 50
+
+
+# ---------------------------------------------------------------- rewards
+def test_arithmetic_reward():
+    completions = ["19", " 19", "19 and more", "20", "", "abc", "1 9", [{"role": "assistant", "content": "19"}]]
+    got = arithmetic_reward(["12+7="] * len(completions), completions, answer=["19"] * len(completions))
+    assert got == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert all(isinstance(x, float) for x in got)
+
+
+MALICIOUS = [
+    "__import__('os')",
+    "__import__('os').system('echo pwned')",
+    "(lambda: 22)()",
+    "open('/etc/passwd').read()",
+    "3*5+7; import os",
+    "7**2",
+    "[3, 5, 7]",
+    "3 if 1 else 5",
+    "True+21",
+    "(" * 5000 + "22" + ")" * 5000,
+    "9" * 10000,
+]
+
+
+def test_countdown_reward_accepts_and_rejects(monkeypatch):
+    def no_eval(*a, **k):
+        raise AssertionError("eval/exec must never be called")
+
+    monkeypatch.setattr(builtins, "eval", no_eval)
+    monkeypatch.setattr(builtins, "exec", no_eval)
+    prompt, nums, target = "use 3 5 7 to make 22:", [3, 5, 7], 22
+    good = ["3*5+7", " 7+5*3", "(3*5)+7 = 22", "<answer>7+3*5</answer>", "3*5+7\nmore text"]
+    bad = ["3*5+7+7", "3*5+8", "22", "15+7", "3*5+7/0", "", "3 5 7"] + MALICIOUS
+    completions = good + bad
+    n = len(completions)
+    got = countdown_reward([prompt] * n, completions, numbers=[nums] * n, target=[target] * n)
+    assert got == [1.0] * len(good) + [0.0] * len(bad)
+    # numbers/target parsed from the prompt when the columns are absent
+    assert countdown_reward([prompt, prompt], ["5*3+7", "__import__('os')"]) == [1.0, 0.0]
+    # exact division
+    assert check_countdown("(6/4)*4", [6, 4, 4], 6) and not check_countdown("6/4", [6, 4], 1)
+
+
+def test_math_reward_latex():
+    completions = [
+        "so the answer is \\boxed{\\frac{1}{2}}",
+        "The answer is $\\frac{1}{2}$.",
+        "we get \\boxed{3}",
+        "hence \\boxed{\\sqrt{2}}",
+        "no idea",
+        [{"role": "assistant", "content": "thus \\boxed{x^2 + 2x + 1}"}],
+    ]
+    golds = ["0.5", "\\frac12", "2", "$\\sqrt{2}$", "7", "(x+1)^2"]
+    got = math_reward([""] * len(golds), completions, answer=golds)
+    assert got == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    assert math_reward(["", ""], ["\\boxed{1}", "\\boxed{1}"], answer=[None, "\\boxed{}"]) == [0.0, 0.0]
+
+
+def test_reward_names():
+    assert [f.__name__ for f in (arithmetic_reward, countdown_reward, math_reward)] == [
+        "arithmetic_reward", "countdown_reward", "math_reward"]
+
+
+# ---------------------------------------------------------------- tokenizer
+def test_tokenizer_round_trip():
+    from trl_alloc.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    for text in ["12+7=19", "use 3 5 7 to make 22:", "(3*5)-7/2", "a b\nc  d"]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert len(ids) == len(text) and tok.decode(ids) == text
+    assert tok.padding_side == "left" and tok.pad_token == "<pad>" and tok.eos_token == "<eos>"
+    assert len({tok.pad_token_id, tok.eos_token_id, tok.bos_token_id}) == 3
+    batch = tok(["1+1=", "12+13="], padding=True)
+    assert batch["input_ids"][0][:2] == [tok.pad_token_id] * 2 and batch["attention_mask"][0][:2] == [0, 0]
+    assert tok.decode(tok("19", add_special_tokens=False)["input_ids"] + [tok.eos_token_id],
+                      skip_special_tokens=True) == "19"
+
+
+# ---------------------------------------------------------------- tiny model
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """The default embedded model, built offline in a temporary cache."""
+    import time
+
+    from trl_alloc.tiny import get_tiny_model_dir
+
+    cache = tmp_path_factory.mktemp("trl_alloc_cache")
+    t = time.time()
+    path = get_tiny_model_dir(cache_dir=cache, task="arithmetic")
+    print(f"\ntiny model built in {time.time() - t:.1f} s: {path}")
+    return path
+
+
+def test_tiny_model_reloads_offline(tiny_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_alloc.tiny import get_tiny_model_dir
+
+    files = set(os.listdir(tiny_dir))
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= files
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    cfg = model.config
+    assert cfg.model_type == "qwen2" and cfg.tie_word_embeddings and cfg.vocab_size == len(tok)
+    assert cfg.hidden_size // cfg.num_attention_heads == 64 and cfg.max_position_embeddings == 128
+    gen = json.loads((Path(tiny_dir) / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == tok.eos_token_id and gen["pad_token_id"] == tok.pad_token_id
+    assert tok.padding_side == "left" and tok.decode(tok("12+7=")["input_ids"]) == "12+7="
+    # cached: a second call returns the same directory without rebuilding
+    mtime = os.path.getmtime(Path(tiny_dir) / "model.safetensors")
+    assert get_tiny_model_dir(cache_dir=Path(tiny_dir).parent) == tiny_dir
+    assert os.path.getmtime(Path(tiny_dir) / "model.safetensors") == mtime
+
+
+def test_tiny_model_success_rates_are_spread(tiny_dir):
+    from trl_alloc.tiny import evaluate_accuracy, success_histogram
+
+    test = build_dataset("arithmetic", n=32, seed=0, split="test")
+    acc = evaluate_accuracy(tiny_dir, None, test, num_samples=8, temperature=1.0, max_new_tokens=8)
+    hist = success_histogram(acc.per_prompt)
+    print(f"\nmean accuracy {acc.mean:.3f}, per-prompt histogram {hist}")
+    assert len(acc.per_prompt) == 32
+    assert 0.15 <= acc.mean <= 0.75
+    assert hist["(0,1)"] >= 5
+    assert sum(0.1 <= r <= 0.9 for r in acc.per_prompt) >= 4
+    # deterministic given the seed
+    assert evaluate_accuracy(tiny_dir, None, test.select(range(8)), num_samples=4).per_prompt == \
+        evaluate_accuracy(tiny_dir, None, test.select(range(8)), num_samples=4).per_prompt
+
+
+def test_default_cache_dir_env(monkeypatch, tmp_path):
+    from trl_alloc.tiny import default_cache_dir
+
+    monkeypatch.setenv("TRL_ALLOC_CACHE", str(tmp_path))
+    assert default_cache_dir() == tmp_path
+    monkeypatch.delenv("TRL_ALLOC_CACHE")
+    assert default_cache_dir() == Path.home() / ".cache" / "trl_alloc"
+
+
+def test_concurrent_builds_share_one_directory(tmp_path):
+    """Two processes asking for the same (very small) model at once: one builds, both get it."""
+    code = ("import sys; from trl_alloc.tiny import get_tiny_model_dir; "
+            "print(get_tiny_model_dir(sys.argv[1], progress=False, n_train=64, warmup_steps=3, batch_size=8))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    paths = {o[0].strip().splitlines()[-1] for o in outs}
+    assert len(paths) == 1
+    built = [d for d in os.listdir(tmp_path) if not d.endswith(".lock")]
+    assert built == [Path(paths.pop()).name]  # no leftover temporary directory

@@ -1,0 +1,141 @@
+"""Reward functions in TRL's signature ``fn(prompts, completions, **kwargs) -> list[float]``.
+
+``kwargs`` carry the dataset columns (``answer``; ``numbers``/``target`` for Countdown).
+Completions may be plain strings (standard format) or message lists (conversational format).
+Every function returns one float per completion, 1.0 for correct and 0.0 otherwise; a
+malformed sample scores 0.0 rather than raising.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+
+from .tasks import check_countdown, parse_countdown_prompt
+
+_INT_RE = re.compile(r"-?\d+")
+_ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def completion_text(completion) -> str:
+    """The text of one completion: a string, or the last message's content of a message list."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    if isinstance(completion, (list, tuple)) and completion:
+        return completion_text(completion[-1])
+    return ""
+
+
+def _column(kwargs: dict, name: str, n: int) -> list:
+    col = kwargs.get(name)
+    if col is None:
+        return [None] * n
+    if len(col) != n:
+        raise ValueError(f"column {name!r} has {len(col)} values for {n} completions")
+    return list(col)
+
+
+def extract_int(text: str) -> int | None:
+    """The first integer in ``text`` (the completion's first answer token sequence), or None."""
+    m = _INT_RE.search(text)
+    return int(m.group()) if m else None
+
+
+def arithmetic_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
+    """1.0 iff the first integer of the completion equals the integer ``answer``."""
+    golds = _column({"answer": answer}, "answer", len(completions))
+    out = []
+    for c, gold in zip(completions, golds):
+        pred = extract_int(completion_text(c))
+        try:
+            out.append(float(pred is not None and gold is not None and pred == int(str(gold).strip())))
+        except ValueError:
+            out.append(0.0)
+    return out
+
+
+def extract_countdown_expression(text: str) -> str:
+    """The candidate expression: inside ``<answer>...</answer>`` if present, else the first
+    non-empty line; a trailing ``= value`` is dropped."""
+    m = _ANSWER_TAG_RE.search(text)
+    if m:
+        text = m.group(1)
+    line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
+    return line.split("=")[0].strip()
+
+
+def countdown_reward(prompts, completions, numbers=None, target=None, **kwargs) -> list[float]:
+    """1.0 iff the completion's expression uses each number at most once and hits the target.
+
+    ``numbers``/``target`` come from the dataset columns; without them they are parsed from the
+    prompt. The expression is checked on its ``ast`` (numbers and + - * / only), never ``eval``-ed.
+    """
+    n = len(completions)
+    nums_col = _column({"numbers": numbers}, "numbers", n)
+    tgt_col = _column({"target": target}, "target", n)
+    prompts = list(prompts) if prompts is not None else [None] * n
+    out = []
+    for c, p, nums, tgt in zip(completions, prompts, nums_col, tgt_col):
+        if nums is None or tgt is None:
+            parsed = parse_countdown_prompt(completion_text(p)) if p is not None else None
+            if parsed is None:
+                out.append(0.0)
+                continue
+            nums, tgt = parsed
+        expr = extract_countdown_expression(completion_text(c))
+        out.append(float(check_countdown(expr, list(nums), int(tgt))))
+    return out
+
+
+def _wrap_gold(gold: str) -> str:
+    gold = str(gold).strip()
+    if "$" in gold or "\\boxed" in gold or "\\(" in gold or "\\[" in gold:
+        return gold
+    return f"${gold}$"
+
+
+def math_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
+    """1.0 iff ``math_verify.verify`` finds the completion equal to the gold ``answer``.
+
+    The gold is wrapped in ``$...$`` unless it already carries LaTeX delimiters or ``\\boxed``.
+    Timeouts (``signal.alarm``) are only used on the main thread, as in TRL's accuracy_reward.
+    """
+    from math_verify import parse, verify
+
+    main = threading.current_thread() is threading.main_thread()
+    timeout = 5 if main else None
+    if not main:
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    golds = _column({"answer": answer}, "answer", len(completions))
+    out = []
+    for c, gold in zip(completions, golds):
+        try:
+            gold_parsed = parse(_wrap_gold(gold), parsing_timeout=timeout) if gold is not None else []
+            if not gold_parsed:
+                out.append(0.0)
+                continue
+            pred = parse(completion_text(c), parsing_timeout=timeout)
+            out.append(float(bool(pred) and verify(gold_parsed, pred, timeout_seconds=timeout)))
+        except Exception:  # noqa: BLE001 - a bad sample scores 0, never crashes a training step
+            out.append(0.0)
+    return out
+
+
+# TRL logs each reward under `fn.__name__` (rewards/<name>/mean)
+arithmetic_reward.__name__ = "arithmetic_reward"
+countdown_reward.__name__ = "countdown_reward"
+math_reward.__name__ = "math_reward"
+
+REWARDS = {"arithmetic": arithmetic_reward, "countdown": countdown_reward, "math": math_reward}
+
+
+def reward_for_task(task: str):
+    """The reward function for ``task`` (``arithmetic``, ``countdown`` or ``math``)."""
+    try:
+        return REWARDS[task]
+    except KeyError:
+        raise ValueError(f"no reward for task {task!r}; expected one of {sorted(REWARDS)}") from None
