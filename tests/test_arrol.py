@@ -272,3 +272,52 @@ def test_module_imports_no_torch():
     code = ("import sys, trl_alloc.allocation.arrol; "
             "assert 'torch' not in sys.modules and 'trl' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------- pruned responses in the round accounting
+
+
+def test_round_counts_pruned_responses_as_spent_without_reward():
+    """ARROL's pruned rollouts: spent budget, neither success nor failure (their rewards are ignored)."""
+    from trl_alloc.allocation import FullFiller, UniformPacer
+
+    pacer = UniformPacer(4, prompts_per_round=2, group_size=4, budget_responses=16, seed=0)
+    units = pacer.propose()
+    rnd = FullFiller(4).start_round(pacer.ranked_prompts, budget=8, counts=units[pacer.ranked_prompts] * 4)
+    ids, counts = rnd.requests()
+    assert counts.tolist() == [4, 4]
+    rewards = [np.array([1.0, np.nan, 0.0, np.nan]), np.array([1.0, 1.0, np.nan, 0.0])]
+    pruned = [np.array([False, True, False, True]), np.array([False, False, True, False])]
+    rnd.observe(rewards, pruned=pruned)
+    s, f, spent = rnd.outcomes(4)
+    a, b = ids.tolist()
+    assert (s[a], f[a], spent[a]) == (1, 1, 4) and (s[b], f[b], spent[b]) == (2, 1, 4)
+    assert rnd.spent == 8 and rnd.stats()["pruned"] == 3 and rnd.pruned == {a: 2, b: 1}
+    assert rnd.effective == 2  # mixed among the observed (surviving) responses
+    pacer.update(s, f, spent)
+    assert pacer.remaining_responses == 8  # pruned responses were paid for
+    with pytest.raises(ValueError, match="NaN"):  # a NaN reward of a *completed* response is still an error
+        rnd2 = FullFiller(4).start_round([0], budget=4, counts=np.array([4]))
+        rnd2.observe([np.array([np.nan, 1.0, 0.0, 1.0])], pruned=[np.zeros(4, bool)])
+
+
+def test_sara_counts_pruned_toward_the_group_but_not_the_posterior():
+    from trl_alloc.allocation import SARAFiller, effective_probability
+
+    # two observed failures + two pruned of k = 4: decided by the 2 failures with r = 0 left
+    assert effective_probability(4, 0, 4, failures=2) == 0.0
+    # nothing observed yet (all pruned): both end terms apply, like before any rollout
+    assert effective_probability(2, 0, 4, failures=0) == pytest.approx(effective_probability(0, 0, 2))
+    with pytest.raises(ValueError, match="s <= n <= k"):
+        effective_probability(2, 1, 4, failures=2)
+    rnd = SARAFiller(group_size=4, probe=2, commit_min=4).start_round(np.arange(3), budget=12, target_groups=1)
+    ids, counts = rnd.requests()
+    rewards = [np.array([1.0, 0.0])] + [np.array([0.0, 0.0])] * (len(ids) - 1)
+    pruned = [np.array([False, False])] + [np.array([True, True])] * (len(ids) - 1)
+    rnd.observe(rewards, pruned=pruned)
+    assert rnd.stats()["pruned"] == 2 * (len(ids) - 1)
+    ids2, counts2 = rnd.requests()
+    first = {int(p): int(c) for p, c in zip(ids2, counts2)}
+    assert first[int(ids[0])] == 2  # mixed after 2 generated: 4 − 2 more to reach commit_min
+    s, f, spent = rnd.outcomes(3)
+    assert spent.sum() == counts.sum() and s.sum() + f.sum() == 2

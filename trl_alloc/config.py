@@ -1,7 +1,7 @@
 """TRL-style configs: `AllocGRPOConfig(GRPOConfig)` and `AllocDAPOConfig`, parsed by `TrlParser`.
 
 One optimizer step is one scheduler round. The stage fields (`pacing`, `filling`, `pruning`) pick
-the sampling pipeline; the rest are the stages' hyperparameters (SPEC §2, §3, §5).
+the sampling pipeline; the rest are the stages' hyperparameters (SPEC §2, §3, §4, §5).
 """
 
 import math
@@ -11,7 +11,7 @@ from trl import GRPOConfig
 
 PACINGS = ("cero", "uniform", "cero_fixed", "cero_preset", "cero_greedy", "random_matched", "knapsack")
 FILLINGS = ("sara", "full", "dynamic_sampling")
-PRUNINGS = ("none",)
+PRUNINGS = ("none", "arrol", "random")
 CERO_FAMILY = ("cero", "cero_fixed", "cero_preset", "cero_greedy")
 # Ratio of CERO's default round capacity to its mean per-round spend (C = 132 vs B/K = 128 units).
 CAPACITY_HEADROOM = 33 / 32
@@ -35,7 +35,9 @@ class AllocGRPOConfig(GRPOConfig):
         "help": "Within-round stage: how each admitted prompt's responses are collected. One of "
         + ", ".join(FILLINGS) + "."})
     pruning: str = field(default="none", metadata={
-        "help": "Within-rollout stage. Only 'none' is available in this version."})
+        "help": "Within-rollout stage: 'arrol' (score partial rollouts at `detect_length` with the quality head and "
+        "prune toward correctness-balanced survivors), 'random' (prune at the same keep ratio without the head: the "
+        "paper's control) or 'none'."})
 
     # Budget and rounds
     rollout_budget: int | None = field(default=None, metadata={
@@ -90,12 +92,37 @@ class AllocGRPOConfig(GRPOConfig):
     max_generation_batches: int = field(default=10, metadata={
         "help": "Dynamic sampling: generation batches allowed per round before the run fails (DAPO's cap)."})
 
+    # ARROL (SPEC §4)
+    detect_length: int = field(default=512, metadata={
+        "help": "ARROL detection length L_detect in tokens: every rollout generates up to this many tokens, then the "
+        "unfinished ones are scored once and pruned or continued. Must be below max_completion_length."})
+    keep_ratio: float = field(default=0.5, metadata={
+        "help": "ARROL keep ratio κ: expected fraction of the rollouts reaching detect_length that survive."})
+    target_ratio: float = field(default=0.5, metadata={
+        "help": "ARROL target positive ratio ρ that pruning steers each group's survivors toward."})
+    survival_slope: float = field(default=0.5, metadata={
+        "help": "ARROL slope λ of the survival probability p = clip(κ + δ + λ(ρ − q), p_min, p_max)."})
+    survival_min: float = field(default=0.1, metadata={"help": "ARROL lower clip p_min of survival probabilities."})
+    survival_max: float = field(default=0.9, metadata={"help": "ARROL upper clip p_max of survival probabilities."})
+    cold_start_steps: int = field(default=20, metadata={
+        "help": "ARROL rounds without pruning at the start (the head and calibrator learn from every rollout)."})
+    head_hidden_size: int = field(default=256, metadata={
+        "help": "Width of the quality head's hidden layer (2-layer MLP on the policy's last hidden state)."})
+    head_learning_rate: float = field(default=1e-3, metadata={
+        "help": "Learning rate of the quality head's own Adam optimizer (one step per round)."})
+    calibration_bins: int = field(default=10, metadata={
+        "help": "Bins B of the quality head's score calibrator (sigmoid(logit) binned on [0, 1])."})
+    calibration_buffer: int = field(default=2048, metadata={
+        "help": "Sliding buffer of completed rollouts (bin, label) behind the calibrator's per-bin counts."})
+    calibration_alpha: float = field(default=1.0, metadata={
+        "help": "Laplace smoothing α of the calibrator's per-bin counts."})
+
     def __post_init__(self):
         super().__post_init__()
         _check_choice("pacing", self.pacing, PACINGS)
         _check_choice("filling", self.filling, FILLINGS)
-        if self.pruning != "none":
-            raise ValueError(f"`pruning={self.pruning!r}` is not available in this version; set pruning='none'.")
+        _check_choice("pruning", self.pruning, PRUNINGS)
+        self._check_pruning()
         if self.num_iterations != 1:
             raise ValueError(f"`num_iterations` must be 1 (one round = one optimizer step), got {self.num_iterations}.")
         if self.steps_per_generation != self.gradient_accumulation_steps:
@@ -151,6 +178,36 @@ class AllocGRPOConfig(GRPOConfig):
                              "is one optimizer step, so set only `num_rounds`.")
         if self.num_rounds is not None:
             self.check_budget(self.num_rounds)
+
+    def _check_pruning(self):
+        for name, lo in (("detect_length", 1), ("head_hidden_size", 1), ("calibration_bins", 1),
+                         ("calibration_buffer", 1), ("cold_start_steps", 0)):
+            if int(getattr(self, name)) < lo:
+                raise ValueError(f"`{name}` must be >= {lo}, got {getattr(self, name)}.")
+        for name in ("target_ratio", "survival_min", "survival_max"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"`{name}` must lie in [0, 1], got {getattr(self, name)}.")
+        if not 0 < self.keep_ratio <= 1:
+            raise ValueError(f"`keep_ratio` must lie in (0, 1] (1 keeps every rollout), got {self.keep_ratio}.")
+        if self.survival_min > self.survival_max:
+            raise ValueError(f"`survival_min` ({self.survival_min}) must not exceed `survival_max` "
+                             f"({self.survival_max}).")
+        if self.keep_ratio < 1 and not self.survival_min <= self.keep_ratio <= self.survival_max:
+            raise ValueError(f"`keep_ratio` ({self.keep_ratio}) must lie in [survival_min, survival_max] = "
+                             f"[{self.survival_min}, {self.survival_max}]: the mean survival probability is κ and "
+                             "each one is clipped to that range; widen the range or change `keep_ratio`.")
+        if self.survival_slope < 0:
+            raise ValueError(f"`survival_slope` must be >= 0 (0 disables the tilt toward ρ), got "
+                             f"{self.survival_slope}.")
+        if self.head_learning_rate <= 0 or self.calibration_alpha <= 0:
+            raise ValueError(f"`head_learning_rate` ({self.head_learning_rate}) and `calibration_alpha` "
+                             f"({self.calibration_alpha}) must be positive.")
+        if self.pruning != "none" and self.detect_length >= (self.max_completion_length or 0):
+            raise ValueError(f"pruning={self.pruning!r} needs `detect_length` ({self.detect_length}) below "
+                             f"`max_completion_length` ({self.max_completion_length}): a rollout is scored when it "
+                             "reaches detect_length and survivors continue up to max_completion_length. Lower "
+                             "`detect_length` (SPEC: 512 for long reasoning; a few tokens for tiny models) or set "
+                             "pruning='none'.")
 
     # -- derived quantities (the trainer calls these once it knows the dataset) ------------------
     @property

@@ -40,6 +40,7 @@ from trl.trainer.utils import nanstd, pad, use_adapter
 from .allocation_factory import build_filler, build_pacer, resolve_num_rounds, round_kwargs
 from .config import AllocDAPOConfig, AllocGRPOConfig
 from .hub import HubMixin
+from .pruning import build_pruner, generate_with_pruning
 
 ALLOCATION_STATE_NAME = "allocation_state.json"
 STATE_VERSION = 1
@@ -135,6 +136,7 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         self._round_empty = False
         world = self.accelerator.num_processes
         self._collective_generation = world > 1 and (self.use_vllm or self._dist.is_zero3 or self.is_fsdp_enabled)
+        self.pruner = build_pruner(self)  # ARROL / random pruning (SPEC §4), None for pruning='none'
         self.add_callback(_AllocationCallback(self))
 
     @staticmethod
@@ -222,7 +224,11 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
 
             def observe(new=new, counts=req[1]):
                 rewards = np.nan_to_num(np.array([r["reward"] for r in new], dtype=float), nan=0.0)
-                state["round"].observe(np.split(rewards, np.cumsum(counts)[:-1]))
+                pruned = np.array([r.get("pruned", False) for r in new], dtype=bool)
+                splits = np.cumsum(counts)[:-1]
+                state["round"].observe(np.split(rewards, splits), pruned=np.split(pruned, splits))
+                if self.pruner is not None:
+                    self.pruner.record(new)
 
             timed(observe)
 
@@ -233,6 +239,8 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
                    "finished": bool(self.pacer.finished), "remaining": int(self.pacer.remaining_responses)}
             if hasattr(self.pacer, "pacing_gap"):
                 out["pacing_gap"] = float(self.pacer.pacing_gap())
+            if self.pruner is not None:
+                out["pruning"] = self.pruner.end_round()
             return out
 
         summary = timed(finish)
@@ -260,7 +268,14 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
 
         gen = local + [int(flat[0])] * (share - len(local)) if self._collective_generation else local
         completion_ids, prompt_tok, logprobs = [], [], []
-        if gen:
+        pruned = [False] * len(local)
+        if self.pruner is not None:  # two-phase generation, pruned at detect_length (every rank takes part)
+            tokenized = self._tokenize_prompts([examples[pid]["prompt"] for pid in gen])[0] if gen else []
+            shares = [(r * share, min((r + 1) * share, flat.size)) for r in range(world)]
+            completion_ids, logprobs, pruned = generate_with_pruning(
+                self, tokenized, len(local), flat.tolist(), rank * share, shares)
+            prompt_tok = [list(map(int, p)) for p in tokenized[:len(local)]]
+        elif gen:
             prompts = [examples[pid]["prompt"] for pid in gen]
             tokenized, _, _ = self._tokenize_prompts(prompts)
             completion_ids, sampling_logps = self._generate_single_turn(tokenized, None, {}, 1)
@@ -278,21 +293,25 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         filler_ex = examples[int(flat[0])]
         empty = [{"role": "assistant", "content": ""}] if conversational else ""
         inputs = [examples[pid] for pid in local] + [filler_ex] * n_pad
+        scored = [empty if cut else c for c, cut in zip(completions, pruned)]  # pruned rollouts get no reward
+        scored_ids = [[] if cut else c for c, cut in zip(completion_ids, pruned)]
         rewards_per_func = self._calculate_rewards(
-            inputs, [x["prompt"] for x in inputs], completions + [empty] * n_pad, completion_ids + [[]] * n_pad)
+            inputs, [x["prompt"] for x in inputs], scored + [empty] * n_pad, scored_ids + [[]] * n_pad)
         self._pending_extra_logs.clear()  # per-row extra columns would misalign with the padded rows
         keep = torch.cat([torch.arange(r * share, r * share + len(flat[r * share:(r + 1) * share]))
                           for r in range(world)])
         rewards_per_func = rewards_per_func[keep.to(rewards_per_func.device)].cpu()
 
-        gathered = gather_object(list(zip(prompt_tok, completion_ids, completions, logprobs)))
+        gathered = gather_object(list(zip(prompt_tok, completion_ids, completions, logprobs, pruned)))
+        cut = torch.tensor([g[4] for g in gathered], dtype=torch.bool)
+        rewards_per_func[cut] = float("nan")
         weights = self.reward_weights.cpu()
         unscorable = torch.isnan(rewards_per_func).all(dim=1)
         reward = (rewards_per_func * weights).nansum(dim=1)
         reward[unscorable] = float("nan")
         return [{"pid": int(pid), "prompt_ids": p, "completion_ids": c, "completion": text, "sampling_logps": lp,
-                 "rewards": rewards_per_func[i], "reward": float(reward[i])}
-                for i, (pid, (p, c, text, lp)) in enumerate(zip(flat.tolist(), gathered))]
+                 "rewards": rewards_per_func[i], "reward": float(reward[i]), "pruned": bool(x)}
+                for i, (pid, (p, c, text, lp, x)) in enumerate(zip(flat.tolist(), gathered))]
 
     # ------------------------------------------------------------------ loss batch
     def _group_advantages(self, rewards_per_func, sizes):
@@ -328,11 +347,13 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         return torch.nan_to_num(advantages, nan=0.0), zero_std
 
     def _build_loss_batches(self, rows, groups):
-        """The round's committed groups as this rank's `gradient_accumulation_steps` micro-batches."""
+        """The round's committed groups as this rank's `gradient_accumulation_steps` micro-batches
+        (pruned rollouts never reach the loss; a group is its survivors)."""
         by_pid = defaultdict(list)
         for i, row in enumerate(rows):
-            by_pid[row["pid"]].append(i)
-        groups = list(dict.fromkeys(groups))
+            if not row.get("pruned"):
+                by_pid[row["pid"]].append(i)
+        groups = [g for g in dict.fromkeys(groups) if by_pid[g]]
         loss_rows = [rows[i] for g in groups for i in by_pid[g]]
         sizes = [len(by_pid[g]) for g in groups]
         self._round_loss_rows, self._round_zero_std = loss_rows, None
@@ -464,8 +485,8 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         self.history.append({"round": self.counters["rounds"], "responses": spent, "tokens": comp_tokens,
                              "admitted": admitted, "groups": touched, "committed": stats["groups"],
                              "effective_groups": stats["effective_groups"], "abandoned": stats["abandoned"],
-                             "loss_responses": len(self._round_loss_rows), "allocator_s": round(alloc_time, 6),
-                             "round_s": round(round_time, 6)})
+                             "pruned": stats.get("pruned", 0), "loss_responses": len(self._round_loss_rows),
+                             "allocator_s": round(alloc_time, 6), "round_s": round(round_time, 6)})
         for key, value in {
             "alloc/round": self.counters["rounds"], "alloc/responses_spent": self.counters["responses"],
             "alloc/responses_remaining": summary["remaining"], "alloc/tokens_spent": self.counters["tokens"],
@@ -485,6 +506,14 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         m["alloc/time_share"].append(alloc_time / round_time if round_time > 0 else 0.0)
         if "pacing_gap" in summary:
             m["alloc/pacing_gap"] = [summary["pacing_gap"]]
+        if "pruning" in summary:
+            m["alloc/responses_pruned"].append(float(stats.get("pruned", 0)))
+            for key, value in summary["pruning"].items():
+                if key.endswith("_total"):
+                    m[key] = [value]
+                else:
+                    m[key].append(value)
+        rows = [r for r in rows if not r.get("pruned")]  # completion and reward figures: completed rollouts
         if not rows:
             return
         lengths = torch.tensor([len(r["completion_ids"]) for r in rows], dtype=torch.float)
@@ -536,24 +565,33 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
                  "allocator_time_share": (sum(h["allocator_s"] for h in self.history)
                                           / max(sum(h["round_s"] for h in self.history), 1e-9))}
         budget = self.counters["responses"] + int(self.pacer.remaining_responses)
-        return write_allocation_report(self.args.output_dir, self.history, self.exposure, budget, extra)
+        calibration = None
+        if self.pruner is not None:
+            extra["pruning"] = dict(self.pruner.totals)
+            calibration = self.pruner.calibration_curve()
+        return write_allocation_report(self.args.output_dir, self.history, self.exposure, budget, extra,
+                                       calibration=calibration)
 
     # ------------------------------------------------------------------ checkpointing
     def allocation_state(self):
         """The allocator's state as plain JSON-serialisable data (what checkpoints hold)."""
         return {"version": STATE_VERSION, "pacing": self.args.pacing, "filling": self.args.filling,
-                "num_prompts": self.pacer.num_prompts, "num_rounds": self.num_rounds,
+                "pruning": self.args.pruning, "num_prompts": self.pacer.num_prompts, "num_rounds": self.num_rounds,
                 "pacer": self.pacer.state_dict(), "filler": self.filler.state_dict(),
+                "pruner": None if self.pruner is None else self.pruner.state_dict(),
                 "counters": dict(self.counters), "budget_exhausted": self.budget_exhausted}
 
     def load_allocation_state(self, state):
-        ours = {"pacing": self.args.pacing, "filling": self.args.filling, "num_prompts": self.pacer.num_prompts}
+        ours = {"pacing": self.args.pacing, "filling": self.args.filling, "pruning": self.args.pruning,
+                "num_prompts": self.pacer.num_prompts}
         for key, mine in ours.items():
-            if state.get(key) != mine:
+            if state.get(key, "none" if key == "pruning" else None) != mine:
                 raise ValueError(f"the checkpoint's allocator has {key}={state.get(key)!r} but this run has "
                                  f"{key}={mine!r}; resume with the same config and dataset.")
         self.pacer.load_state_dict(state["pacer"])
         self.filler.load_state_dict(state["filler"])
+        if self.pruner is not None:
+            self.pruner.load_state_dict(state["pruner"])
         self.counters.update(state["counters"])
         self.budget_exhausted = bool(state.get("budget_exhausted", False))
 
@@ -567,6 +605,13 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 json.dump(self.allocation_state(), f, default=_json_default)
             os.replace(path + ".tmp", path)
+            if self.pruner is not None:  # the quality head as its own adapter folder, `quality_head/`
+                self.pruner.save(output_dir)
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.pruner is not None and self.args.should_save:  # the head's optimizer, next to the policy's
+            self.pruner.save_optimizer(output_dir)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -578,6 +623,8 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
                                     f"{type(self).__name__}, so the allocator cannot resume from it.")
         with open(path, encoding="utf-8") as f:
             self.load_allocation_state(json.load(f))
+        if self.pruner is not None:
+            self.pruner.load(checkpoint)
 
 
 class AllocDAPOTrainer(AllocGRPOTrainer):

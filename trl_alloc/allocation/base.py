@@ -13,7 +13,7 @@ Driving loop (the trainer and every simulator use exactly this)::
                              target_groups=..., counts=units[pacer.ranked_prompts] * pacer.unit_size)
     while not rnd.done:
         prompt_ids, counts = rnd.requests()      # one batched generation call
-        rnd.observe(rewards)                     # list of reward arrays, aligned with the request
+        rnd.observe(rewards, pruned=None)        # reward arrays aligned with the request (+ ARROL's pruned masks)
     pacer.update(*rnd.outcomes(pacer.num_prompts))
 """
 
@@ -63,7 +63,12 @@ class Round:
 
     Attributes filled as the round runs: ``spent`` (responses generated), ``groups`` (prompt ids
     whose responses go to the loss, in commit order), ``effective`` (how many of those are mixed),
-    ``abandoned`` (prompt ids dropped), ``successes`` / ``failures`` (dict prompt id -> count).
+    ``abandoned`` (prompt ids dropped), ``successes`` / ``failures`` (dict prompt id -> count),
+    ``pruned`` (dict prompt id -> responses pruned mid-generation, ARROL; SPEC §4).
+
+    Pruned responses are spent budget with no reward: they count in ``spent`` and in the
+    ``responses`` of ``outcomes``, never as a success or a failure, and fillers see only the
+    observed (completed) rewards in ``_advance``.
     """
 
     success_threshold = 0.5
@@ -73,7 +78,7 @@ class Round:
         self.spent = 0
         self.groups, self.abandoned = [], []
         self.effective = 0
-        self.successes, self.failures = {}, {}
+        self.successes, self.failures, self.pruned = {}, {}, {}
         self.generation_calls = 0
         self._pending = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
@@ -85,40 +90,56 @@ class Round:
         """(prompt_ids, counts) to generate now, in one batched call; empty arrays when done."""
         return self._pending
 
-    def observe(self, rewards):
-        """Rewards for the last request: a list aligned with ``prompt_ids``, entry j of length counts[j]."""
+    def observe(self, rewards, pruned=None):
+        """Rewards for the last request: a list aligned with ``prompt_ids``, entry j of length counts[j].
+
+        ``pruned`` (optional, aligned like ``rewards``): boolean masks of the responses pruned before
+        they finished (ARROL). Their reward entries are ignored (any value, NaN included); they are
+        spent responses but neither successes nor failures.
+        """
         ids, counts = self._pending
         if len(rewards) != len(ids):
             raise ValueError(f"`rewards` must hold one array per requested prompt ({len(ids)}), got {len(rewards)}.")
-        binary = []
-        for pid, n, r in zip(ids.tolist(), counts.tolist(), rewards):
-            r = np.asarray(r, dtype=float).reshape(-1)
+        if pruned is not None and len(pruned) != len(ids):
+            raise ValueError(f"`pruned` must hold one mask per requested prompt ({len(ids)}), got {len(pruned)}.")
+        binary, observed = [], []
+        for j, (pid, n) in enumerate(zip(ids.tolist(), counts.tolist())):
+            r = np.asarray(rewards[j], dtype=float).reshape(-1)
             if r.size != n:
                 raise ValueError(f"prompt {pid}: expected {n} rewards, got {r.size}.")
+            cut = np.zeros(n, bool) if pruned is None else np.asarray(pruned[j], dtype=bool).reshape(-1)
+            if cut.size != n:
+                raise ValueError(f"prompt {pid}: expected a pruned mask of {n} entries, got {cut.size}.")
+            r = r[~cut]
             if np.isnan(r).any():
                 raise ValueError(f"prompt {pid}: a reward is NaN; fix the reward function for this sample.")
             s = int((r > self.success_threshold).sum())
             self.successes[pid] = self.successes.get(pid, 0) + s
-            self.failures[pid] = self.failures.get(pid, 0) + n - s
+            self.failures[pid] = self.failures.get(pid, 0) + r.size - s
+            if cut.any():
+                self.pruned[pid] = self.pruned.get(pid, 0) + int(cut.sum())
             binary.append(s)
+            observed.append(r)
         self.spent += int(counts.sum())
         self.generation_calls += 1
         self._pending = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-        self._advance(ids, counts, np.asarray(binary, dtype=np.int64), rewards)
+        self._advance(ids, counts, np.asarray(binary, dtype=np.int64), observed)
 
     def _advance(self, ids, counts, successes, rewards):
+        """``counts``: responses generated per prompt (pruned included); ``successes`` and ``rewards``:
+        of the observed (not pruned) ones only."""
         raise NotImplementedError
 
     def outcomes(self, num_prompts):
-        """Per-prompt (successes, failures, responses) arrays over the whole pool, for ``Pacer.update``."""
-        s = np.zeros(num_prompts, np.int64)
-        f = np.zeros(num_prompts, np.int64)
-        for pid, v in self.successes.items():
-            s[pid] = v
-        for pid, v in self.failures.items():
-            f[pid] = v
-        return s, f, s + f
+        """Per-prompt (successes, failures, responses) arrays over the whole pool, for ``Pacer.update``;
+        ``responses`` = successes + failures + pruned."""
+        s, f, cut = (np.zeros(num_prompts, np.int64) for _ in range(3))
+        for arr, counts in ((s, self.successes), (f, self.failures), (cut, self.pruned)):
+            for pid, v in counts.items():
+                arr[pid] = v
+        return s, f, s + f + cut
 
     def stats(self):
         return {"responses": self.spent, "groups": len(self.groups), "effective_groups": self.effective,
-                "abandoned": len(self.abandoned), "generation_calls": self.generation_calls}
+                "abandoned": len(self.abandoned), "generation_calls": self.generation_calls,
+                "pruned": int(sum(self.pruned.values()))}

@@ -234,9 +234,9 @@ class FullRound(Round):
         return self._finished
 
     def _advance(self, ids, counts, successes, rewards):
-        for pid, n, s in zip(ids.tolist(), counts.tolist(), successes.tolist()):
+        for pid, r, s in zip(ids.tolist(), rewards, successes.tolist()):
             self.groups.append(pid)
-            self.effective += int(0 < s < n)
+            self.effective += int(0 < s < len(r))  # observed responses: pruned ones have no reward
         self._finished = True
 
 
@@ -290,7 +290,7 @@ class DynamicSamplingRound(Round):
 
     def _advance(self, ids, counts, successes, rewards):
         for pid, r in zip(ids.tolist(), rewards):
-            if np.std(np.asarray(r, float)) > 0 and len(self.groups) < self.target:
+            if len(r) > 1 and np.std(np.asarray(r, float)) > 0 and len(self.groups) < self.target:
                 self.groups.append(pid)
                 self.effective += 1
         self._queue()

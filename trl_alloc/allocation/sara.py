@@ -9,35 +9,39 @@ from .base import Round
 from .beta import BetaState
 
 
-def effective_probability(n, s, k, prior=(1.0, 1.0)):
+def effective_probability(n, s, k, prior=(1.0, 1.0), failures=None):
     """Posterior-predictive probability that the completed group of size k is mixed (eq. 2).
 
-    1 if the prefix is mixed; otherwise 1 − 1[s=0]·B(a, b+r)/B(a, b) − 1[s=n]·B(a+r, b)/B(a, b) with
-    the posterior (a, b) = (α0+s, β0+n−s) and r = k − n (both terms apply before any rollout).
+    1 if the prefix is mixed; otherwise 1 − 1[s=0]·B(a, b+r)/B(a, b) − 1[f=0]·B(a+r, b)/B(a, b) with
+    the posterior (a, b) = (α0+s, β0+f) and r = k − n (both terms apply before any rollout).
     Uniform prior, s = 0: (k − n)/(k + 1). `prior` may hold per-prompt arrays.
+    `failures` f defaults to n − s; with ARROL pruning n counts generated rollouts (pruned ones
+    included, they fill the group) while s + f counts only the observed ones (s + f <= n).
     """
     n, s, k = (np.asarray(x, dtype=float) for x in (n, s, k))
-    if np.any(s < 0) or np.any(s > n) or np.any(n > k):
-        raise ValueError("`effective_probability` needs 0 <= s <= n <= k.")
+    f = n - s if failures is None else np.asarray(failures, dtype=float)
+    if np.any(s < 0) or np.any(f < 0) or np.any(s + f > n) or np.any(n > k):
+        raise ValueError("`effective_probability` needs 0 <= s <= n <= k (and 0 <= s + failures <= n).")
     a = np.asarray(prior[0], float) + s
-    b = np.asarray(prior[1], float) + n - s
+    b = np.asarray(prior[1], float) + f
     r = k - n
     all_fail = np.exp(betaln(a, b + r) - betaln(a, b))
     all_pass = np.exp(betaln(a + r, b) - betaln(a, b))
-    p = 1.0 - np.where(s == 0, all_fail, 0.0) - np.where(s == n, all_pass, 0.0)
-    return np.where((s >= 1) & (n - s >= 1), 1.0, np.clip(p, 0.0, 1.0))
+    p = 1.0 - np.where(s == 0, all_fail, 0.0) - np.where(f == 0, all_pass, 0.0)
+    return np.where((s >= 1) & (f >= 1), 1.0, np.clip(p, 0.0, 1.0))
 
 
 COMMIT, ABANDON, CONTINUE = 1, -1, 0
 
 
-def decide(n, s, k, tau_low=0.45, commit_min=None, prior=(1.0, 1.0)):
+def decide(n, s, k, tau_low=0.45, commit_min=None, prior=(1.0, 1.0), failures=None):
     """The rule of eq. 3: COMMIT a mixed group of size >= commit_min, ABANDON when p_eff < τ_low,
-    else CONTINUE. Returns (decision array, p_eff array)."""
+    else CONTINUE. Returns (decision array, p_eff array). `failures`: see `effective_probability`."""
     commit_min = k if commit_min is None else commit_min
     n, s = np.asarray(n), np.asarray(s)
-    p = effective_probability(n, s, k, prior)
-    mixed = (s >= 1) & (n - s >= 1)
+    f = n - s if failures is None else np.asarray(failures)
+    p = effective_probability(n, s, k, prior, f)
+    mixed = (s >= 1) & (f >= 1)
     out = np.where(mixed & (n >= commit_min), COMMIT, np.where(p < tau_low, ABANDON, CONTINUE))
     return out, p
 
@@ -120,8 +124,9 @@ class SARARound(Round):
         self.f, self.stream, self.pa, self.pb, self.target = filler, stream, prior_a, prior_b, target
         self.next = 0                               # stream position of the next fresh prompt
         self.pos = np.zeros(0, np.int64)            # active prompts, as stream positions
-        self.n = np.zeros(0, np.int64)
-        self.s = np.zeros(0, np.int64)
+        self.n = np.zeros(0, np.int64)              # rollouts generated (pruned ones included)
+        self.s = np.zeros(0, np.int64)              # observed successes
+        self.fail = np.zeros(0, np.int64)           # observed failures (= n − s without pruning)
         self.decided_at, self.abandon_p = [], []    # rollouts at each decision; p_eff of abandoned
         self._finished = False
         self._plan(np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -148,6 +153,7 @@ class SARARound(Round):
         self.pos = np.concatenate([self.pos, fresh])
         self.n = np.concatenate([self.n, np.zeros(fresh.size, np.int64)])
         self.s = np.concatenate([self.s, np.zeros(fresh.size, np.int64)])
+        self.fail = np.concatenate([self.fail, np.zeros(fresh.size, np.int64)])
         self._pending = (self.stream[pos[keep]], give[keep].astype(np.int64))
         self._requested_pos = pos[keep]
         if not keep.any():
@@ -161,8 +167,9 @@ class SARARound(Round):
         idx = self._index(self._requested_pos)
         self.n[idx] += counts
         self.s[idx] += successes
+        self.fail[idx] += np.asarray([len(r) for r in rewards], np.int64) - successes
         verdict, p = decide(self.n, self.s, self.f.k, self.f.threshold(self.n), self.f.commit_min,
-                            (self.pa[self.pos], self.pb[self.pos]))
+                            (self.pa[self.pos], self.pb[self.pos]), self.fail)
         for j in np.flatnonzero(verdict == COMMIT):
             if len(self.groups) < self.target:
                 self.groups.append(int(self.stream[self.pos[j]]))
@@ -173,10 +180,10 @@ class SARARound(Round):
             self.abandon_p.append(float(p[j]))
             self.decided_at.append(int(self.n[j]))
         live = verdict == CONTINUE
-        self.pos, self.n, self.s, p = self.pos[live], self.n[live], self.s[live], p[live]
+        self.pos, self.n, self.s, self.fail, p = self.pos[live], self.n[live], self.s[live], self.fail[live], p[live]
         if len(self.groups) >= self.target:
             return self._close()
-        mixed = (self.s >= 1) & (self.n - self.s >= 1)
+        mixed = (self.s >= 1) & (self.fail >= 1)
         order = np.lexsort((-p, ~mixed))            # decided-mixed first, then by p_eff (a yield index)
         more = np.where(mixed, self.f.commit_min - self.n, 1)[order]
         self._plan(self.pos[order], more)

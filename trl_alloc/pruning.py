@@ -1,0 +1,364 @@
+"""ARROL online rollout pruning in the trainer (SPEC §4): two-phase generation, the pruning decision,
+and the quality head's online training.
+
+Every generation request runs in two phases:
+
+1. every rollout generates up to ``detect_length`` tokens (the backend's own generation call with
+   ``max_new_tokens`` / vLLM ``max_tokens`` lowered to ``detect_length``);
+2. the rollouts that reached ``detect_length`` unfinished are *eligible*: each is scored once by the
+   quality head on the policy's last-layer hidden state at its last token (a forward pass of
+   prompt + partial in the trainer), the logits are calibrated (``ScoreCalibrator``), survival
+   probabilities are computed per prompt-group (``survival_probabilities``) and survivors sampled;
+   only survivors continue, by a second generation call whose prompt is prompt + partial (vLLM:
+   the prefix cache reuses the prefix's KV blocks) with the remaining ``max_completion_length −
+   detect_length`` tokens. Rollouts that finished before ``detect_length`` are never pruned.
+
+Pruned rollouts are spent budget: they count as responses (and their ``detect_length`` tokens as
+tokens) for the pacer and filler, with no reward, and never reach the reward functions' results,
+the log-probabilities or the loss. ``pruning="random"`` keeps each eligible rollout with
+probability ``keep_ratio`` (the paper's control, no head). Both prune only after
+``cold_start_steps`` rounds.
+
+**vLLM server mode.** Scoring is trainer-side: the server's hidden states are not used. vLLM 0.32's
+OpenAI server returns tokens and log-probabilities but no hidden states over ``/v1/completions``,
+and a worker-extension forward would have to run the model outside the engine's scheduler (vLLM's
+forward context, KV-cache metadata and attention backends are set up per scheduled batch), i.e. a
+second model execution path inside the server. The trainer holds the same weights (they are
+pushed before every step), so one forward of prompt + partial there gives the same hidden state;
+it costs what a log-prob pass over the eligible rollouts' first ``detect_length`` tokens costs.
+The head's weights and the calibrator therefore never need to reach the server. Pruned rollouts
+never generate a token past ``detect_length``: phase 1 stops every rollout there.
+
+Distributed contract (as in ``trainer.py``): each rank generates and forwards its own rows; the
+hidden states are gathered, and the main process scores, calibrates, samples survivors and trains
+the head; its decision is broadcast. Forwards and generation calls stay collective-safe (every rank
+runs the same number, with throwaway rows where it has none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import numpy as np
+import torch
+from accelerate.utils import gather_object
+
+from .allocation.arrol import ScoreCalibrator, accuracy, binary_auc, sample_survivors, survival_probabilities
+
+HEAD_DIR = "quality_head"
+HEAD_OPTIMIZER_NAME = "quality_head_optimizer.pt"
+SUCCESS_THRESHOLD = 0.5  # reward > 0.5 is a positive label (= Round.success_threshold)
+
+
+class RolloutPruner:
+    """The pruning stage's state and decisions (main process): quality head + its optimizer (ARROL),
+    score calibrator, survivor RNG, rounds seen (cold start) and the round's running figures."""
+
+    def __init__(self, args, hidden_size=None, base_model=None, seed=0):
+        self.mode = args.pruning
+        if self.mode not in ("arrol", "random"):
+            raise ValueError(f"RolloutPruner handles pruning='arrol' or 'random', got {self.mode!r}.")
+        self.detect_length = int(args.detect_length)
+        self.max_completion_length = int(args.max_completion_length)
+        self.cold_start_steps = int(args.cold_start_steps)
+        self.survival = dict(keep_ratio=args.keep_ratio, target_ratio=args.target_ratio, slope=args.survival_slope,
+                             p_min=args.survival_min, p_max=args.survival_max)
+        self.calibrator = ScoreCalibrator(args.calibration_bins, args.calibration_buffer, args.calibration_alpha)
+        self.rng = np.random.default_rng([int(seed), 0xA220])
+        self.rounds = 0
+        self.totals = {"eligible": 0, "pruned": 0, "tokens_saved": 0.0}
+        self.head = self.optimizer = None
+        if self.mode == "arrol":
+            from .quality_head import QualityHead
+
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(seed))
+                self.head = QualityHead(hidden_size, args.head_hidden_size, self.detect_length, base_model)
+            self.optimizer = torch.optim.Adam(self.head.parameters(), lr=args.head_learning_rate)
+        self._request = None
+        self._reset_round()
+
+    def _reset_round(self):
+        self._round = {"eligible": 0, "pruned": 0, "finished_early": 0, "tokens_saved": 0.0, "generation_s": 0.0,
+                       "scoring_s": 0.0, "survivor_labels": []}
+        self._train = []  # (features, logits, labels) of completed eligible rollouts this round
+
+    @property
+    def active(self):
+        """Past the cold start: pruning decisions are made (before it, every rollout survives)."""
+        return self.rounds >= self.cold_start_steps
+
+    # ------------------------------------------------------------------ decisions (main process)
+    @torch.no_grad()
+    def decide(self, pids, eligible, features):
+        """Which of a request's rows to prune.
+
+        pids: the request's prompt id per row; eligible: row indices that reached detect_length
+        unfinished; features: their hidden states (ARROL; None for random). Returns the sorted row
+        indices to prune. Survival probabilities are computed per prompt-group over its eligible rows.
+        """
+        eligible = np.asarray(eligible, np.int64)
+        logits = np.full(eligible.size, np.nan)
+        if self.head is not None and eligible.size:
+            self.head.eval()
+            feats = torch.as_tensor(np.asarray(features), dtype=torch.float32)
+            logits = self.head(feats).double().numpy()
+            self._request = {int(i): (feats[j], float(logits[j])) for j, i in enumerate(eligible)}
+        else:
+            self._request = {int(i): (None, float("nan")) for i in eligible}
+        self._round["eligible"] += int(eligible.size)
+        if not self.active or eligible.size == 0:
+            return []
+        p = np.full(eligible.size, float(self.survival["keep_ratio"]))
+        if self.mode == "arrol":
+            q = self.calibrator.calibrate(logits)
+            group = np.asarray(pids, np.int64)[eligible]
+            for g in np.unique(group):
+                members = group == g
+                p[members] = survival_probabilities(q[members], **self.survival)
+        keep = sample_survivors(p, self.rng)
+        pruned = eligible[~keep]
+        self._round["pruned"] += int(pruned.size)
+        return sorted(int(i) for i in pruned)
+
+    def record(self, rows):
+        """After a request's rewards: queue (features, logit, label) of its completed eligible rollouts for
+        the head and calibrator, and estimate the tokens pruning saved. `rows`: the trainer's request rows."""
+        request, self._request = self._request or {}, None
+        lengths = {}
+        for i, row in enumerate(rows):
+            if not row.get("pruned"):
+                lengths.setdefault(row["pid"], []).append(len(row["completion_ids"]))
+                if i not in request:
+                    self._round["finished_early"] += 1
+        every = [n for v in lengths.values() for n in v]
+        for i, (feat, logit) in request.items():
+            row = rows[i]
+            if row.get("pruned"):
+                # tokens not generated: the mean final length of its group's survivors (else of the
+                # request's completed rollouts) minus the detect_length it did generate
+                ref = lengths.get(row["pid"]) or every
+                self._round["tokens_saved"] += max(float(np.mean(ref)) - self.detect_length, 0.0) if ref else 0.0
+            elif np.isfinite(row["reward"]):
+                label = int(row["reward"] > SUCCESS_THRESHOLD)
+                self._round["survivor_labels"].append(label)
+                if feat is not None:
+                    self._train.append((feat, logit, label))
+
+    def add_time(self, generation_s=0.0, scoring_s=0.0):
+        self._round["generation_s"] += generation_s
+        self._round["scoring_s"] += scoring_s
+
+    def end_round(self):
+        """Close the round: head metrics on the round's completed rollouts (before training on them),
+        calibrator update, one Adam step of the head on binary cross-entropy; returns the metrics."""
+        r = self._round
+        out = {"pruning/active": float(self.active), "pruning/eligible": float(r["eligible"]),
+               "pruning/pruned": float(r["pruned"]), "pruning/finished_early": float(r["finished_early"]),
+               "pruning/keep_ratio": (r["eligible"] - r["pruned"]) / r["eligible"] if r["eligible"] else 1.0,
+               "pruning/tokens_saved": r["tokens_saved"], "pruning/generation_s": r["generation_s"],
+               "pruning/scoring_s": r["scoring_s"], "pruning/target_ratio": float(self.survival["target_ratio"])}
+        if r["survivor_labels"]:
+            out["pruning/survivor_positive_ratio"] = float(np.mean(r["survivor_labels"]))
+        self.totals["eligible"] += r["eligible"]
+        self.totals["pruned"] += r["pruned"]
+        self.totals["tokens_saved"] += r["tokens_saved"]
+        out["pruning/pruned_total"] = float(self.totals["pruned"])
+        out["pruning/tokens_saved_total"] = float(self.totals["tokens_saved"])
+        if self._train:
+            feats = torch.stack([t[0] for t in self._train])
+            logits = np.array([t[1] for t in self._train])
+            labels = np.array([t[2] for t in self._train])
+            out["arrol/head_accuracy"] = accuracy(logits, labels)
+            auc = binary_auc(logits, labels)
+            if np.isfinite(auc):
+                out["arrol/head_auc"] = auc
+            out["arrol/head_samples"] = float(labels.size)
+            self.calibrator.update(logits, labels)
+            out["arrol/head_loss"] = self.train_head(feats, torch.as_tensor(labels, dtype=torch.float32))
+        self.rounds += 1
+        self._reset_round()
+        return out
+
+    def train_head(self, features, labels):
+        """One Adam step of binary cross-entropy on detached features; returns the loss before the step."""
+        self.head.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(self.head(features.detach()), labels)
+        loss.backward()
+        self.optimizer.step()
+        self.head.eval()
+        return float(loss.detach())
+
+    def calibration_curve(self):
+        """Per score bin with data: the calibrated q at the bin centre and the observed positive rate."""
+        if self.head is None or not len(self.calibrator):
+            return None
+        B = self.calibrator.num_bins
+        n1, n = np.zeros(B), np.zeros(B)
+        for b, y in self.calibrator._buffer:
+            n[b] += 1
+            n1[b] += y
+        centres = (np.arange(B) + 0.5) / B
+        q = self.calibrator.calibrate(np.log(centres / (1 - centres)))
+        seen = n > 0
+        return {"predicted": q[seen].tolist(), "observed": (n1[seen] / n[seen]).tolist()}
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self):
+        """JSON-serialisable state (the head's weights and optimizer are saved as files, see `save`)."""
+        return {"mode": self.mode, "rounds": self.rounds, "rng": self.rng.bit_generator.state,
+                "calibrator": self.calibrator.state_dict(), "totals": dict(self.totals)}
+
+    def load_state_dict(self, state):
+        if state.get("mode") != self.mode:
+            raise ValueError(f"the checkpoint's pruning state is for {state.get('mode')!r}, this run prunes with "
+                             f"{self.mode!r}; resume with the same `pruning`.")
+        self.rounds = int(state["rounds"])
+        self.rng.bit_generator.state = state["rng"]
+        self.calibrator.load_state_dict(state["calibrator"])
+        self.totals.update(state.get("totals", {}))
+        self._reset_round()
+
+    def save(self, output_dir):
+        """The head as its own adapter folder: `output_dir/quality_head/` (config.json, model.safetensors)."""
+        if self.head is not None:
+            self.head.save_pretrained(os.path.join(output_dir, HEAD_DIR))
+
+    def save_optimizer(self, output_dir):
+        if self.optimizer is not None:
+            torch.save(self.optimizer.state_dict(), os.path.join(output_dir, HEAD_OPTIMIZER_NAME))
+
+    def load(self, checkpoint):
+        """Restore the head's weights (and optimizer, when the checkpoint has it) from a checkpoint folder."""
+        if self.head is None:
+            return
+        folder = os.path.join(checkpoint, HEAD_DIR)
+        weights = os.path.join(folder, "model.safetensors")
+        if not os.path.isfile(weights):
+            raise FileNotFoundError(f"{checkpoint} has no {HEAD_DIR}/model.safetensors: it was saved without "
+                                    "pruning='arrol', so the quality head cannot resume from it.")
+        from safetensors.torch import load_file
+
+        self.head.load_state_dict(load_file(weights))
+        opt = os.path.join(checkpoint, HEAD_OPTIMIZER_NAME)
+        if os.path.isfile(opt):
+            self.optimizer.load_state_dict(torch.load(opt, map_location="cpu", weights_only=True))
+
+
+def build_pruner(trainer):
+    """The trainer's pruning stage, or None for pruning='none'."""
+    args = trainer.args
+    if args.pruning == "none":
+        return None
+    config = trainer.model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    name = getattr(config, "_name_or_path", None) or None
+    seed = args.seed if args.allocation_seed is None else args.allocation_seed
+    return RolloutPruner(args, hidden_size=getattr(text, "hidden_size", None), base_model=name, seed=seed)
+
+
+# ---------------------------------------------------------------------- generation (every rank)
+@contextlib.contextmanager
+def max_new_tokens(trainer, n):
+    """Temporarily cap the trainer's generation length at n tokens, for every backend TRL uses:
+    transformers (`generation_config` and the `generation_kwargs` TRL re-applies) and vLLM
+    (server or colocate: `vllm_generation.max_completion_length`, sent as `max_tokens`)."""
+    saved = []
+    vg = getattr(trainer, "vllm_generation", None) if trainer.use_vllm else None
+    if vg is not None:
+        saved.append((vg, "max_completion_length", vg.max_completion_length))
+        vg.max_completion_length = n
+    gc = getattr(trainer, "generation_config", None)
+    if gc is not None:
+        saved.append((gc, "max_new_tokens", gc.max_new_tokens))
+        gc.max_new_tokens = n
+    gk = getattr(trainer, "generation_kwargs", None)
+    if isinstance(gk, dict) and "max_new_tokens" in gk:
+        old = gk["max_new_tokens"]
+        gk["max_new_tokens"] = n
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+        if isinstance(gk, dict) and "max_new_tokens" in gk:
+            gk["max_new_tokens"] = old
+
+
+def _generate(trainer, prompts, n_tokens):
+    with max_new_tokens(trainer, n_tokens):
+        completion_ids, logps = trainer._generate_single_turn(prompts, None, {}, 1)
+    completion_ids = [list(map(int, c)) for c in completion_ids]
+    if logps is not None:
+        logps = [[float("nan") if x is None else float(x) for x in lp] for lp in logps]
+    return completion_ids, logps
+
+
+def generate_with_pruning(trainer, prompt_ids, n_real, flat_pids, offset, shares):
+    """Two-phase generation of this rank's rows (module docstring). Called on every rank.
+
+    prompt_ids: this rank's tokenized prompts (its `n_real` rows, then throwaway padding rows when
+    generation is collective; empty when this rank generates nothing); flat_pids: the whole
+    request's prompt id per row; offset: index of this rank's first row in the request; shares:
+    (start, stop) row ranges of every rank. Returns (completion_ids, sampling_logps or None, pruned)
+    for the `n_real` rows.
+    """
+    pruner, L = trainer.pruner, trainer.pruner.detect_length
+    is_main = trainer.accelerator.is_main_process
+    collective = trainer._collective_generation
+    t0 = time.perf_counter()
+    first, logps1 = _generate(trainer, prompt_ids, L) if prompt_ids else ([], None)
+    gen_s = time.perf_counter() - t0
+
+    eos = set(trainer.eos_token_ids)
+    eligible = [i for i in range(n_real) if len(first[i]) >= L and first[i][-1] not in eos]
+    t1 = time.perf_counter()
+    feats = None
+    if pruner.mode == "arrol":
+        seqs = [list(prompt_ids[i]) + first[i] for i in eligible]
+        bs = max(1, int(trainer.args.per_device_train_batch_size))
+        n_batches = -(-len(seqs) // bs)
+        if collective:
+            n_batches = max(gather_object([n_batches]))
+        from .quality_head import last_hidden_states
+
+        feats = last_hidden_states(trainer.model, seqs, trainer._tokenizer.pad_token_id, bs,
+                                   trainer.accelerator.device, n_batches, trainer.args.gradient_checkpointing_kwargs)
+        feats = list(feats.numpy())
+    local = [(offset + i, None if feats is None else feats[j]) for j, i in enumerate(eligible)]
+    everything = gather_object(local) if trainer.accelerator.num_processes > 1 else local
+    rows = [i for i, _ in everything]
+    features = None if feats is None else [f for _, f in everything]
+    pruned = set(trainer._main_call(lambda: pruner.decide(flat_pids, rows, features)))
+    score_s = time.perf_counter() - t1
+
+    # phase 2: survivors continue from prompt + partial
+    survivors = [i for i in eligible if offset + i not in pruned]
+    alive = set(rows) - pruned
+    most = max(sum(start <= i < stop for i in alive) for start, stop in shares) if collective else len(survivors)
+    second, logps2 = [], None
+    t2 = time.perf_counter()
+    if most:
+        cont = [list(prompt_ids[i]) + first[i] for i in survivors]
+        cont += [list(prompt_ids[0]) + first[0]] * (most - len(cont))  # throwaway rows (collective only)
+        second, logps2 = _generate(trainer, cont, pruner.max_completion_length - L)
+    gen_s += time.perf_counter() - t2
+    if is_main:
+        pruner.add_time(generation_s=gen_s, scoring_s=score_s)
+
+    completions, logps, cut = [], [] if logps1 is not None else None, []
+    where = {i: j for j, i in enumerate(survivors)}
+    for i in range(n_real):
+        c, lp = list(first[i]), list(logps1[i]) if logps1 is not None else None
+        if i in where:
+            c += second[where[i]]
+            if lp is not None:
+                lp += logps2[where[i]]
+        completions.append(c)
+        if logps is not None:
+            logps.append(lp)
+        cut.append(offset + i in pruned)
+    return completions, logps, cut
