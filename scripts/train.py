@@ -31,6 +31,8 @@ class ScriptArguments:
     reward: str = field(default="auto", metadata={
         "help": "auto (the built-in task's exact verifier, else math-verify), math, arithmetic or countdown."})
     num_builtin_prompts: int = field(default=2000, metadata={"help": "Prompts in the built-in training pool."})
+    builtin_levels: list[int] | None = field(default=None, metadata={
+        "help": "Difficulty levels of the built-in task to use (e.g. 1 2 3); None = all."})
     num_eval_prompts: int = field(default=200, metadata={"help": "Held-out prompts evaluated before/after."})
     eval_samples: int = field(default=4, metadata={"help": "Samples per held-out prompt (0 skips the evaluation)."})
 
@@ -80,7 +82,8 @@ def main():
             model_path = get_tiny_model_dir(task=script_args.dataset_name.split(":", 1)[1],
                                             progress=state.is_main_process)
     data_kw = dict(config=script_args.dataset_config, prompt_column=script_args.prompt_column,
-                   answer_column=script_args.answer_column, seed=training_args.seed)
+                   answer_column=script_args.answer_column, seed=training_args.seed,
+                   levels=tuple(script_args.builtin_levels) if script_args.builtin_levels else None)
     train = load_prompt_dataset(script_args.dataset_name, script_args.dataset_train_split,
                                 num_builtin=script_args.num_builtin_prompts, **data_kw)
     test = None

@@ -157,32 +157,6 @@ def test_score_fn_gets_token_ids_only_when_it_accepts_them():
         ev._call_score_fn(lambda p, c: [float("nan")], ["p"], ["a"], [[1]], [[2]])
 
 
-def test_vllm_backend_groups_and_seeds():
-    from trl_alloc.serving.client import CompletionGroup
-
-    calls = []
-
-    class FakeClient:
-        def generate_groups(self, prompt_token_ids, n, max_tokens, temperature, seed, top_p, top_k):
-            calls.append((len(prompt_token_ids), seed))
-            return [CompletionGroup(p, [[7, 2]] * n, ["stop"] * n, None) for p in prompt_token_ids]
-
-    class Tok:
-        eos_token_id = 2
-
-        def __call__(self, text):
-            return {"input_ids": [[5] * len(t) for t in text]}
-
-        def batch_decode(self, ids, skip_special_tokens=True):
-            return ["7" for _ in ids]
-
-    backend = ev.VLLMServerBackend(FakeClient(), batch_size=4)
-    out = ev.generate_samples(backend, Tok(), ["1+1=", "2+2=", "3+3="], n=2, max_new_tokens=4, seed=10,
-                              progress=False)
-    assert calls == [(2, 10), (1, 14)]  # 4 // n = 2 prompts per call; seed + first prompt index * n
-    assert out.texts == [["7", "7"]] * 3 and out.completion_ids[2] == [[7, 2], [7, 2]]
-
-
 # ---------------------------------------------------------------- end to end (tiny random Qwen2)
 
 

@@ -172,6 +172,24 @@ def test_greedy_matches_transformers(served):
 
 @pytest.mark.slow
 @needs_vllm
+def test_evaluation_through_the_server_matches_transformers(served):
+    """scripts/eval.py's vLLM backend: greedy samples equal the transformers backend's, batched over calls."""
+    from transformers import AutoTokenizer
+
+    from trl_alloc import evaluation as ev
+
+    server, client, model = served
+    tok = AutoTokenizer.from_pretrained(server.model)
+    prompts = ["12+7=", "3*4=", "99-1=", "5+5="]
+    kw = dict(n=2, max_new_tokens=6, temperature=0.0, seed=3, progress=False)
+    via_server = ev.generate_samples(ev.VLLMServerBackend(client, batch_size=4), tok, prompts, **kw)
+    via_hf = ev.generate_samples(ev.TransformersBackend(model, tok), tok, prompts, **kw)
+    assert via_server.completion_ids == via_hf.completion_ids
+    assert [len(c) for c in via_server.completion_ids] == [2] * 4
+
+
+@pytest.mark.slow
+@needs_vllm
 def test_sampling_groups_seed_and_finish_reasons(served):
     _, client, _ = served
     a = client.generate_groups(PROMPTS[:3], n=4, max_tokens=8, temperature=1.0, seed=7)

@@ -9,8 +9,9 @@ LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv
 
 
 def load_prompt_dataset(name, split="train", config=None, prompt_column="prompt", answer_column="answer",
-                        num_builtin=2000, seed=0):
-    """The prompt pool with `prompt` and `answer` columns (renamed from the given ones)."""
+                        num_builtin=2000, seed=0, levels=None):
+    """The prompt pool with `prompt` and `answer` columns (renamed from the given ones); `levels`
+    restricts a built-in task to those difficulty levels."""
     from datasets import load_dataset
 
     if name.startswith("builtin:"):
@@ -19,7 +20,7 @@ def load_prompt_dataset(name, split="train", config=None, prompt_column="prompt"
         if task not in TASKS:
             raise ValueError(f"unknown built-in task {task!r} in dataset_name={name!r}; choose one of "
                              + ", ".join(f"builtin:{t}" for t in TASKS) + ".")
-        ds = build_dataset(task, n=num_builtin, seed=seed, split=split)
+        ds = build_dataset(task, n=num_builtin, seed=seed, split=split, levels=levels)
     elif os.path.splitext(name)[1] in LOCAL_FORMATS:
         if not os.path.isfile(name):
             raise FileNotFoundError(f"dataset file {name!r} does not exist; give a path to a .jsonl/.json/.parquet/"

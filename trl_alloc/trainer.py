@@ -19,6 +19,7 @@ generation is collective (ZeRO-3, FSDP, vLLM): there they generate throwaway pad
 never counted, scored or trained on.
 """
 
+import contextlib
 import copy
 import json
 import math
@@ -115,7 +116,11 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
                 raise ValueError(f"`{name}` is not supported by {type(self).__name__}: the allocator needs one "
                                  "single-turn response per request row.")
         args, reward_funcs = self._extra_reward_funcs(args, reward_funcs)
-        super().__init__(model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
+        server_mode = args.use_vllm and args.vllm_mode == "server"
+        if server_mode:  # our client: NCCL weight sync on CUDA, an in-place reload elsewhere; clear timeouts
+            from .serving.client import patch_trl_vllm_client
+        with patch_trl_vllm_client() if server_mode else contextlib.nullcontext():
+            super().__init__(model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         if self._is_vlm or "image" in train_dataset.column_names or "images" in train_dataset.column_names:
             raise ValueError(f"{type(self).__name__} supports text prompts only.")
 
@@ -533,7 +538,7 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         if self._round_zero_std is not None:
             m["frac_reward_zero_std"].append(self._round_zero_std.float().mean().item())
             loss_rows = self._round_loss_rows
-            self._logs["prompt"].extend(self.train_dataset[r["pid"]]["prompt"] for r in loss_rows)
+            self._logs["prompt"].extend(self.train_dataset[[r["pid"] for r in loss_rows]]["prompt"])
             self._logs["completion"].extend(r["completion"] for r in loss_rows)
             for i, name in enumerate(self.reward_func_names):
                 self._logs["rewards"][name].extend(float(r["rewards"][i]) for r in loss_rows)
