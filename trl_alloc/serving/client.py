@@ -423,12 +423,7 @@ class AllocVLLMClient(VLLMClient):
         heads need nothing: the worker extension re-packs them. Resets the prefix cache.
         Returns timing info (CPU paths) or None (NCCL).
         """
-        if hasattr(model_or_tensors, "named_parameters"):
-            items = [(n, p.data) for n, p in model_or_tensors.named_parameters()]
-        elif isinstance(model_or_tensors, dict):
-            items = list(model_or_tensors.items())
-        else:
-            items = list(model_or_tensors)
+        items = _named_items(model_or_tensors)
         metadata = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in items]
         self.update_named_params(metadata, iter(items))
         if reset_prefix_cache:
@@ -446,13 +441,16 @@ def _collect(named_params: Iterable[tuple[str, Any]]) -> dict:
 
 def pushed_checksum(model_or_tensors: Any) -> str:
     """What :meth:`AllocVLLMClient.update_weights` would report as ``checksum`` for this input."""
+    return state_checksum(_named_items(model_or_tensors))
+
+
+def _named_items(model_or_tensors: Any) -> list:
+    """(name, tensor) pairs of a model, a state dict or an iterable of pairs."""
     if hasattr(model_or_tensors, "named_parameters"):
-        items = [(n, p.data) for n, p in model_or_tensors.named_parameters()]
-    elif isinstance(model_or_tensors, dict):
-        items = list(model_or_tensors.items())
-    else:
-        items = list(model_or_tensors)
-    return state_checksum(items)
+        return [(n, p.data) for n, p in model_or_tensors.named_parameters()]
+    if isinstance(model_or_tensors, dict):
+        return list(model_or_tensors.items())
+    return list(model_or_tensors)
 
 
 @contextlib.contextmanager
