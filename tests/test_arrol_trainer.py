@@ -9,6 +9,7 @@ import copy
 import importlib.util
 import json
 import os
+import time
 from collections import Counter
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -367,7 +368,7 @@ def test_arrol_through_the_vllm_server(tmp_path):
     server = start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"})
     try:
         from datasets import Dataset
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
         tok = AutoTokenizer.from_pretrained(model_dir)
         rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
@@ -375,7 +376,7 @@ def test_arrol_through_the_vllm_server(tmp_path):
         def first_digit_reward(completions, answer, **kwargs):
             return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
 
-        args = make_args(str(tmp_path / "out"), **{**ARROL, "generation_kwargs": None}, num_rounds=3,
+        args = make_args(str(tmp_path / "out"), **{**ARROL, "generation_kwargs": None}, num_rounds=4,
                          use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url, vllm_server_timeout=60)
         with patch_trl_vllm_client(request_timeout=300):
             trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
@@ -391,6 +392,12 @@ def test_arrol_through_the_vllm_server(tmp_path):
 
         client.generate = generate
         rec = spy(trainer)
+
+        class StopAfterThree(TrainerCallback):  # leaves budget for a 4th round, used below
+            def on_step_end(self, args, state, control, **kwargs):
+                control.should_training_stop = state.global_step >= 3
+
+        trainer.add_callback(StopAfterThree())
         trainer.train()
         assert trainer.state.global_step == 3 and client.weights_checksum()["num_pushes"] >= 3
         rows = [r for req in rec["requests"] for r in req]
@@ -409,5 +416,22 @@ def test_arrol_through_the_vllm_server(tmp_path):
         for rows_, groups, batches in rec["batches"]:
             n_loss = sum(1 for r in rows_ if r["pid"] in groups and not r["pruned"])
             assert sum(len(batch_rows(b)) for b in batches if "tool_mask" not in b) == n_loss
+
+        # The server goes away: the next round fails with a clear error within the configured timeout,
+        # and what was trained is intact on disk.
+        trainer.save_model(str(tmp_path / "out" / "last"))
+        server.stop()
+        from trl_alloc.serving import VLLMServerUnreachableError
+
+        client.connection_timeout = 5.0
+        start = time.monotonic()
+        with pytest.raises(VLLMServerUnreachableError, match=server.url.split("//")[1]):
+            trainer._run_round()
+        assert time.monotonic() - start < 30
+        last = tmp_path / "out" / "last"
+        reloaded = AutoModelForCausalLM.from_pretrained(str(last))
+        for (name, p), q in zip(trainer.model.named_parameters(), reloaded.parameters()):
+            assert torch.equal(p.detach().cpu(), q), name
+        assert json.loads((last / "allocation_state.json").read_text())["counters"]["rounds"] == 3
     finally:
         server.stop()
