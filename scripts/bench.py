@@ -1,0 +1,439 @@
+#!/usr/bin/env python
+"""Method benchmark (a script that prints and saves figures, not a test): every sampling method at the
+same total response budget, from the same starting checkpoint and seed.
+
+Methods (all on the embedded tiny arithmetic model, same prompt pool, k = num_generations, same
+max_completion_length, same optimizer settings):
+
+  stock         TRL ``GRPOTrainer`` (the peer), ``max_steps = budget // batch`` so it spends the budget
+  dapo          DAPO dynamic sampling          (pacing uniform,        filling dynamic_sampling)
+  knapsack      KnapsackRL                     (pacing knapsack,       filling full)
+  cero          CERO                           (pacing cero,           filling full)
+  random_matched  CERO's per-round sizes on random prompts (pacing random_matched, filling full;
+                needs the CERO run's allocation_state.json -- CERO is run first automatically)
+  cero_fixed / cero_preset / cero_greedy   CERO ablations (filling full)
+  sara          SARA                           (pacing uniform,        filling sara)
+  cero_sara     CERO + SARA                    (pacing cero,           filling sara)
+  cero_sara_arrol  CERO + SARA + ARROL         (pruning arrol, detect_length 2, cold_start_steps 2)
+
+Per method: held-out avg@k and pass@k (``trl_alloc.evaluation``, transformers backend, k samples per
+prompt on held-out test prompts), effective-group rate (groups with mixed rewards / groups touched),
+responses and completion tokens per effective group, wall-clock of ``train()``, and the allocator's share
+of it (``trainer.history``). For stock TRL the groups are counted at the reward call (consecutive
+``num_generations`` completions of one prompt). Ratio columns: responses per effective group relative
+to DAPO dynamic sampling, held-out avg@k / pass@k minus stock GRPOTrainer's.
+
+Outputs in ``--output_dir``: ``bench.md`` (the table), ``bench.json`` (everything, per seed and per
+round), and PNGs: ``egr_vs_budget.png``, ``pacing_gap.png``, ``responses_per_effective_group.png``,
+``heldout_avg_at_k.png``.
+
+    python scripts/bench.py --quick                       # ~10 rounds x 256 responses, 1 seed
+    python scripts/bench.py --seeds 3 --rounds 30          # full mode (default: 3 seeds, 30 rounds)
+    python scripts/bench.py --quick --methods stock,dapo,cero,random_matched
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# name -> (label, AllocGRPOConfig stage fields or None for stock TRL)
+METHODS = {
+    "stock": ("TRL GRPOTrainer", None),
+    "dapo": ("DAPO dynamic sampling", dict(pacing="uniform", filling="dynamic_sampling")),
+    "knapsack": ("KnapsackRL", dict(pacing="knapsack", filling="full")),
+    "cero": ("CERO", dict(pacing="cero", filling="full")),
+    "random_matched": ("Random-matched CERO", dict(pacing="random_matched", filling="full")),
+    "cero_fixed": ("CERO fixed (ablation)", dict(pacing="cero_fixed", filling="full")),
+    "cero_preset": ("CERO preset (ablation)", dict(pacing="cero_preset", filling="full")),
+    "cero_greedy": ("CERO greedy (ablation)", dict(pacing="cero_greedy", filling="full")),
+    "sara": ("SARA", dict(pacing="uniform", filling="sara")),
+    "cero_sara": ("CERO+SARA", dict(pacing="cero", filling="sara")),
+    "cero_sara_arrol": ("CERO+SARA+ARROL", dict(pacing="cero", filling="sara", pruning="arrol", detect_length=2,
+                                                cold_start_steps=2)),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="10 rounds, 1 seed, 50 eval prompts (unless set explicitly)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per method (mean ± std); default 3, --quick 1")
+    p.add_argument("--rounds", type=int, default=None, help="scheduler rounds K; default 30, --quick 10")
+    p.add_argument("--budget", type=int, default=None,
+                   help="total responses per run (default rounds × batch); stock gets budget // batch steps")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma list from " + ",".join(METHODS))
+    p.add_argument("--output_dir", default="outputs/bench")
+    p.add_argument("--num_generations", type=int, default=8, help="group size k")
+    p.add_argument("--batch", type=int, default=256, help="responses per round (stock: generation batch)")
+    p.add_argument("--max_completion_length", type=int, default=8)
+    p.add_argument("--num_prompts", type=int, default=None,
+                   help="training prompt pool size; default 128 (--quick) / 256, smaller than rounds × prompts per "
+                   "round so prompts recur and the allocators' per-prompt states matter (with a pool larger than "
+                   "the run visits, every prompt is fresh and knapsack / cero_fixed / cero_greedy reduce to uniform)")
+    p.add_argument("--learning_rate", type=float, default=3e-5, help="the embedded recipe's rate (configs/tiny_cpu.yaml); higher rates damage the tiny model")
+    p.add_argument("--eval_prompts", type=int, default=None, help="held-out test prompts; default 100, --quick 50")
+    p.add_argument("--eval_k", type=int, default=4, help="k of avg@k / pass@k (= samples per eval prompt)")
+    p.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed, seed+1, ...)")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (0 = torch default)")
+    args = p.parse_args(argv)
+    args.seeds = args.seeds or (1 if args.quick else 3)
+    args.rounds = args.rounds or (10 if args.quick else 30)
+    args.eval_prompts = args.eval_prompts or (50 if args.quick else 100)
+    args.num_prompts = args.num_prompts or (128 if args.quick else 256)
+    args.budget = args.budget or args.rounds * args.batch
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown:
+        p.error(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    if args.batch % args.num_generations:
+        p.error(f"--batch ({args.batch}) must be a multiple of --num_generations ({args.num_generations})")
+    if args.budget % args.batch:
+        p.error(f"--budget ({args.budget}) must be a multiple of --batch ({args.batch}) so stock TRL can match it")
+    if args.budget % 4:
+        p.error("--budget must be a multiple of CERO's unit size (4)")
+    return args
+
+
+def _quiet():
+    import logging
+
+    warnings.filterwarnings("ignore")
+    for name in ("transformers", "trl", "accelerate", "datasets", "trl_alloc"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _counting_reward(reward, k, log):
+    """Stock TRL: wrap the reward to count responses, completion tokens and (mixed) groups per call.
+
+    TRL scores a generation batch in one call, the k completions of one prompt consecutive."""
+
+    def counted(prompts, completions, completion_ids=None, **kwargs):
+        out = reward(prompts, completions, completion_ids=completion_ids, **kwargs)
+        n = len(out)
+        groups = [out[i:i + k] for i in range(0, n, k)]
+        eff = sum(1 for g in groups if max(g) != min(g))
+        toks = sum(len(c) for c in completion_ids) if completion_ids is not None else 0
+        log.append({"round": len(log) + 1, "responses": n, "tokens": toks, "groups": len(groups),
+                    "effective_groups": eff, "allocator_s": 0.0, "round_s": float("nan")})
+        return out
+
+    counted.__name__ = getattr(reward, "__name__", "reward")
+    return counted
+
+
+def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_state=None):
+    """Train `method` from `model_dir` with `seed`; return its figures (history, wall-clock, model)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_alloc.config import AllocGRPOConfig
+    from trl_alloc.trainer import AllocGRPOTrainer
+
+    stages = METHODS[method][1]
+    common = dict(
+        output_dir=run_dir, per_device_train_batch_size=opts.batch, num_generations=opts.num_generations,
+        max_completion_length=opts.max_completion_length, temperature=1.0, learning_rate=opts.learning_rate,
+        lr_scheduler_type="constant", beta=0.0, loss_type="dapo", logging_steps=1, report_to=[],
+        save_strategy="no", bf16=False, use_cpu=True, gradient_checkpointing=False, seed=seed,
+        disable_tqdm=True,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    log = []
+    if stages is None:
+        trainer = GRPOTrainer(model=model, reward_funcs=_counting_reward(reward, opts.num_generations, log),
+                              args=GRPOConfig(max_steps=opts.budget // opts.batch, **common), train_dataset=dataset,
+                              processing_class=tokenizer)
+    else:
+        extra = dict(stages)
+        if method == "random_matched":
+            extra["random_matched_reference"] = cero_state
+        trainer = AllocGRPOTrainer(model=model, reward_funcs=reward, train_dataset=dataset, processing_class=tokenizer,
+                                   args=AllocGRPOConfig(num_rounds=opts.rounds, rollout_budget=opts.budget,
+                                                        max_generation_batches=10_000, **extra, **common))
+    trainer.remove_callback(PrinterCallback)
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    state_path = None
+    if stages is not None:
+        log = [dict(h) for h in trainer.history]
+        if method == "cero":  # the reference random_matched replays
+            state_path = os.path.join(run_dir, "allocation_state.json")
+            with open(state_path, "w", encoding="utf-8") as f:
+                json.dump(trainer.allocation_state(), f, default=_json_default)
+    rewards = [x["reward"] for x in trainer.state.log_history if "reward" in x]
+    out = {"method": method, "seed": seed, "wall_s": wall, "history": log,
+           "train_reward": statistics.fmean(rewards) if rewards else None, "state_path": state_path}
+    model = trainer.model
+    del trainer
+    return out, model, tokenizer
+
+
+def _json_default(obj):
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(type(obj).__name__)
+
+
+def evaluate_model(model, tokenizer, test_ds, reward, opts, seed):
+    from trl_alloc.evaluation import TransformersBackend, answer_spec, evaluate
+
+    backend = TransformersBackend(model, tokenizer, batch_size=256)
+    res = evaluate(backend, tokenizer, test_ds, reward, answer_spec("arithmetic"), ks=(opts.eval_k,),
+                   num_samples=opts.eval_k, temperature=1.0, max_new_tokens=opts.max_completion_length,
+                   seed=seed, progress=False)
+    m = res.metrics[opts.eval_k]
+    return {"avg": m["avg"], "pass": m["pass"], "maj": m["maj"]}
+
+
+def run_figures(run, budget, planned_rounds):
+    """Per-run scalars from the per-round history."""
+    import numpy as np
+
+    h = run["history"]
+    resp = sum(r["responses"] for r in h)
+    toks = sum(r["tokens"] for r in h)
+    groups = sum(r["groups"] for r in h)
+    eff = sum(r["effective_groups"] for r in h)
+    alloc = sum(r["allocator_s"] for r in h)
+    cum = np.cumsum([r["responses"] for r in h]) if h else np.zeros(0)
+    K = len(h)
+    run.update({
+        "rounds": K, "responses": resp, "tokens": toks, "groups": groups, "effective_groups": eff,
+        "egr": eff / groups if groups else 0.0,
+        "responses_per_eff": resp / eff if eff else float("inf"),
+        "tokens_per_eff": toks / eff if eff else float("inf"),
+        "allocator_s": alloc, "allocator_share": alloc / run["wall_s"] if run["wall_s"] else 0.0,
+        "curve_cum_responses": cum.tolist(),
+        "curve_egr": [r["effective_groups"] / r["groups"] if r["groups"] else 0.0 for r in h],
+        # cumulative spend minus uniform spending (budget / planned rounds per round), in responses; a run
+        # that stops early (budget spent) or leaves budget unspent does not end at 0
+        "curve_pacing_gap": (cum - budget * np.arange(1, K + 1) / planned_rounds).tolist(),
+    })
+    return run
+
+
+SCALARS = ("avg", "pass", "egr", "responses_per_eff", "tokens_per_eff", "wall_s", "allocator_share", "responses", "rounds",
+           "effective_groups", "d_avg_vs_stock", "d_pass_vs_stock", "rpe_ratio_vs_dapo")
+
+
+def summarise(runs, methods):
+    import math
+
+    by_seed = {}
+    for r in runs:
+        by_seed.setdefault(r["seed"], {})[r["method"]] = r
+    for seed, rs in by_seed.items():  # paired per seed: same start, same seed
+        stock, dapo = rs.get("stock"), rs.get("dapo")
+        for r in rs.values():
+            r["d_avg_vs_stock"] = r["avg"] - stock["avg"] if stock else None
+            r["d_pass_vs_stock"] = r["pass"] - stock["pass"] if stock else None
+            r["rpe_ratio_vs_dapo"] = (r["responses_per_eff"] / dapo["responses_per_eff"]
+                                      if dapo and math.isfinite(dapo["responses_per_eff"]) else None)
+    rows = {}
+    for m in methods:
+        rs = [r for r in runs if r["method"] == m]
+        if not rs:
+            continue
+        row = {"runs": len(rs)}
+        for key in SCALARS:
+            vals = [r[key] for r in rs if r.get(key) is not None and math.isfinite(r[key])]
+            row[key] = (statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0) if vals else None
+        rows[m] = row
+    return rows
+
+
+def _fmt(v, spec, scale=1.0, sign=False):
+    if v is None:
+        return "-"
+    mean, std = v
+    s = f"{mean * scale:{'+' if sign else ''}{spec}}"
+    return s + (f" ± {std * scale:{spec}}" if std else "")
+
+
+def markdown_table(rows, opts):
+    k = opts.eval_k
+    head = (f"| method | seeds | avg@{k} % | pass@{k} % | Δavg@{k} vs stock (pp) | Δpass@{k} vs stock (pp) | "
+            "eff. group rate % | responses / eff. group | ratio to DAPO | tokens / eff. group | responses | optimizer steps | "
+            "wall s | allocator share % |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for m, r in rows.items():
+        lines.append(
+            f"| {METHODS[m][0]} | {r['runs']} | {_fmt(r['avg'], '.1f', 100)} | {_fmt(r['pass'], '.1f', 100)} | "
+            f"{_fmt(r['d_avg_vs_stock'], '.1f', 100, True)} | {_fmt(r['d_pass_vs_stock'], '.1f', 100, True)} | "
+            f"{_fmt(r['egr'], '.1f', 100)} | {_fmt(r['responses_per_eff'], '.1f')} | "
+            f"{_fmt(r['rpe_ratio_vs_dapo'], '.2f')} | {_fmt(r['tokens_per_eff'], '.1f')} | "
+            f"{_fmt(r['responses'], '.0f')} | {_fmt(r['rounds'], '.1f')} | {_fmt(r['wall_s'], '.1f')} | {_fmt(r['allocator_share'], '.2f', 100)} |")
+    note = (f"\nBudget {opts.budget} responses ({opts.rounds} rounds × {opts.batch}; stock: {opts.budget // opts.batch} "
+            f"steps), k={opts.num_generations}, max_completion_length={opts.max_completion_length}, "
+            f"prompt pool {opts.num_prompts}, held-out: {opts.eval_prompts} test prompts × {opts.eval_k} samples (T=1). "
+            "Eff. group = a group with mixed rewards; rate = effective / groups touched. Ratio to DAPO = responses "
+            "per effective group ÷ DAPO dynamic sampling's (paired per seed). Δ = method − stock GRPOTrainer "
+            "(paired per seed), percentage points. Allocator share = allocator seconds ÷ train() wall-clock.")
+    return "\n".join(lines) + "\n" + note
+
+
+def plots(runs, rows, methods, out_dir, opts):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    paths = {}
+    seed0 = min(r["seed"] for r in runs)
+    first = {r["method"]: r for r in runs if r["seed"] == seed0}
+
+    for key, fname, ylabel, title in (
+            ("curve_egr", "egr_vs_budget.png", "effective-group rate (per round)",
+             "Effective-group rate vs budget consumed"),
+            ("curve_pacing_gap", "pacing_gap.png", "cumulative spend − uniform (responses)",
+             "Cumulative pacing gap vs uniform spending")):
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for m in methods:
+            r = first.get(m)
+            if r and r["curve_cum_responses"]:
+                ax.plot(r["curve_cum_responses"], r[key], marker=".", label=METHODS[m][0])
+        if key == "curve_pacing_gap":
+            ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("cumulative responses (budget consumed)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} (seed {seed0})")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        paths[key] = os.path.join(out_dir, fname)
+        fig.savefig(paths[key], dpi=120)
+        plt.close(fig)
+
+    for key, fname, ylabel, scale in (("responses_per_eff", "responses_per_effective_group.png",
+                                       "responses per effective group", 1.0),
+                                      ("avg", "heldout_avg_at_k.png", f"held-out avg@{opts.eval_k} (%)", 100.0)):
+        ms = [m for m in methods if m in rows and rows[m][key] is not None]
+        means = [rows[m][key][0] * scale for m in ms]
+        stds = [rows[m][key][1] * scale for m in ms]
+        fig, ax = plt.subplots(figsize=(9, 5))
+        ax.bar(np.arange(len(ms)), means, yerr=stds, capsize=3, color="tab:blue")
+        ax.set_xticks(np.arange(len(ms)))
+        ax.set_xticklabels([METHODS[m][0] for m in ms], rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{ylabel} by method ({rows[ms[0]]['runs'] if ms else 0} seed(s))")
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        paths[key] = os.path.join(out_dir, fname)
+        fig.savefig(paths[key], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def main(argv=None):
+    opts = parse_args(argv)
+    _quiet()
+    import torch
+    import transformers
+    import trl
+
+    from trl_alloc.data import reward_for_dataset
+    from trl_alloc.tasks import build_dataset
+    from trl_alloc.tiny import get_tiny_model_dir
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    t_all = time.perf_counter()
+    model_dir = get_tiny_model_dir(task="arithmetic")
+    reward = reward_for_dataset("builtin:arithmetic")
+    methods = list(opts.methods)
+    if "random_matched" in methods and "cero" not in methods:
+        methods.insert(methods.index("random_matched"), "cero")  # random_matched replays CERO's sizes
+        print("[bench] adding 'cero': random_matched needs its allocation_state.json", flush=True)
+    order = [m for m in methods if m != "random_matched"] + (["random_matched"] if "random_matched" in methods else [])
+    os.makedirs(opts.output_dir, exist_ok=True)
+    print(f"[bench] model {model_dir}; methods {order}; seeds {opts.seeds}; rounds {opts.rounds}; budget "
+          f"{opts.budget} responses; torch threads {torch.get_num_threads()}", flush=True)
+
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        for s in range(opts.seeds):
+            seed = opts.seed + s
+            dataset = build_dataset("arithmetic", n=opts.num_prompts, seed=seed, split="train")
+            test_ds = build_dataset("arithmetic", n=opts.eval_prompts, seed=10_000 + seed, split="test")
+            cero_state = None
+            for m in order:
+                run_dir = os.path.join(tmp, f"{m}-s{seed}")
+                t = time.perf_counter()
+                try:
+                    run, model, tok = run_method(m, seed, opts, model_dir, dataset, reward, run_dir, cero_state)
+                except Exception as exc:  # noqa: BLE001 -- one failing method should not lose the others
+                    print(f"[bench] seed {seed} {m}: FAILED {type(exc).__name__}: {exc}", flush=True)
+                    continue
+                if m == "cero":
+                    cero_state = run["state_path"]
+                run.update(evaluate_model(model, tok, test_ds, reward, opts, seed))
+                run_figures(run, opts.budget, opts.rounds)
+                run.pop("state_path", None)
+                runs.append(run)
+                print(f"[bench] seed {seed} {m:16s}: {run['responses']} resp, egr {run['egr']:.3f}, "
+                      f"resp/eff {run['responses_per_eff']:.1f}, avg@{opts.eval_k} {run['avg']:.3f}, "
+                      f"pass@{opts.eval_k} {run['pass']:.3f}, train {run['wall_s']:.1f} s "
+                      f"(+eval {time.perf_counter() - t - run['wall_s']:.1f} s)", flush=True)
+                del model
+
+    present = [m for m in methods if any(r["method"] == m for r in runs)]
+    rows = summarise(runs, present)
+    table = markdown_table(rows, opts)
+    print()
+    print(table)
+    paths = plots(runs, rows, present, opts.output_dir, opts) if runs else {}
+    total = time.perf_counter() - t_all
+    with open(os.path.join(opts.output_dir, "bench.md"), "w", encoding="utf-8") as f:
+        f.write(f"# Method benchmark ({'quick' if opts.quick else 'full'})\n\n{table}\n\nTotal wall time "
+                f"{total:.0f} s.\n")
+    payload = {
+        "settings": vars(opts), "model_dir": model_dir, "total_wall_s": total,
+        "environment": {"python": sys.version.split()[0], "torch": torch.__version__, "trl": trl.__version__,
+                        "transformers": transformers.__version__, "platform": platform.platform(),
+                        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()},
+        "summary": rows, "runs": runs, "table": table, "plots": paths,
+    }
+    with open(os.path.join(opts.output_dir, "bench.json"), "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=1, default=_json_default)
+    print(f"\n[bench] total wall time {total:.0f} s; wrote {opts.output_dir}/bench.md, bench.json, "
+          + ", ".join(os.path.basename(p) for p in paths.values()), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
