@@ -42,7 +42,8 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
+
+from trl_alloc.benchmarking import cpu_run_kwargs, parse_choices, check_batch, quiet
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -93,38 +94,13 @@ def parse_args(argv=None):
     args.eval_prompts = args.eval_prompts or (50 if args.quick else 100)
     args.num_prompts = args.num_prompts or (128 if args.quick else 256)
     args.budget = args.budget or args.rounds * args.batch
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in args.methods if m not in METHODS]
-    if unknown:
-        p.error(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
-    if args.batch % args.num_generations:
-        p.error(f"--batch ({args.batch}) must be a multiple of --num_generations ({args.num_generations})")
+    args.methods = parse_choices(p, args.methods, METHODS, "method")
+    check_batch(p, args)
     if args.budget % args.batch:
         p.error(f"--budget ({args.budget}) must be a multiple of --batch ({args.batch}) so stock TRL can match it")
     if args.budget % 4:
         p.error("--budget must be a multiple of CERO's unit size (4)")
     return args
-
-
-def _quiet():
-    import logging
-
-    warnings.filterwarnings("ignore")
-    for name in ("transformers", "trl", "accelerate", "datasets", "trl_alloc"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def _counting_reward(reward, k, log):
@@ -157,13 +133,8 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
     from trl_alloc.trainer import AllocGRPOTrainer
 
     stages = METHODS[method][1]
-    common = dict(
-        output_dir=run_dir, per_device_train_batch_size=opts.batch, num_generations=opts.num_generations,
-        max_completion_length=opts.max_completion_length, temperature=1.0, learning_rate=opts.learning_rate,
-        lr_scheduler_type="constant", beta=0.0, loss_type="dapo", logging_steps=1, report_to=[],
-        save_strategy="no", bf16=False, use_cpu=True, gradient_checkpointing=False, seed=seed,
-        disable_tqdm=True,
-    )
+    common = cpu_run_kwargs(run_dir, opts.batch, opts.num_generations, opts.max_completion_length, seed,
+                            learning_rate=opts.learning_rate)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -361,7 +332,7 @@ def plots(runs, rows, methods, out_dir, opts):
 
 def main(argv=None):
     opts = parse_args(argv)
-    _quiet()
+    quiet()
     import torch
     import transformers
     import trl

@@ -35,7 +35,8 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
+
+from trl_alloc.benchmarking import cpu_run_kwargs, quiet, step_timer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -72,36 +73,6 @@ def parse_args(argv=None):
     if not 1 <= args.detect_length < args.max_completion_length:
         p.error("need 1 <= --detect_length < --max_completion_length")
     return args
-
-
-def _quiet():
-    import logging
-
-    warnings.filterwarnings("ignore")
-    for name in ("transformers", "trl", "accelerate", "datasets", "vllm", "httpx", "urllib3"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
-def _step_timer():
-    from transformers import TrainerCallback
-
-    class StepTimer(TrainerCallback):
-        def __init__(self):
-            self.steps, self._t = [], None
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._t = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if self._t is not None:
-                self.steps.append(time.perf_counter() - self._t)
-                self._t = None
-
-    return StepTimer()
 
 
 def _time_generation(trainer, box):
@@ -141,12 +112,9 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
     from trl_alloc.trainer import AllocGRPOTrainer
 
     args = AllocGRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix=f"{variant}-", dir=out_root),
-        per_device_train_batch_size=opts.batch, num_generations=opts.num_generations,
-        max_completion_length=opts.max_completion_length, temperature=1.0, learning_rate=5e-4,
-        lr_scheduler_type="constant", beta=0.0, loss_type="dapo", logging_steps=1, report_to=[],
-        save_strategy="no", bf16=False, use_cpu=True, gradient_checkpointing=False, seed=opts.seed,
-        disable_tqdm=True, num_rounds=opts.rounds, max_steps=opts.rounds,
+        **cpu_run_kwargs(tempfile.mkdtemp(prefix=f"{variant}-", dir=out_root), opts.batch, opts.num_generations,
+                         opts.max_completion_length, opts.seed, learning_rate=5e-4),
+        num_rounds=opts.rounds, max_steps=opts.rounds,
         pacing="uniform", filling="full", pruning=variant, detect_length=opts.detect_length,
         keep_ratio=opts.keep_ratio, cold_start_steps=opts.cold_start_steps, head_hidden_size=64,
         head_learning_rate=1e-2,
@@ -157,7 +125,7 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
                                args=args, train_dataset=dataset,
                                processing_class=AutoTokenizer.from_pretrained(model_dir))
     trainer.remove_callback(PrinterCallback)
-    timer = _step_timer()
+    timer = step_timer()
     trainer.add_callback(timer)
     gen = {"cur": 0.0, "calls": 0, "lengths": [], "per_step": []}
     _time_generation(trainer, gen)
@@ -251,7 +219,7 @@ def markdown_table(results, opts):
 
 def main(argv=None):
     opts = parse_args(argv)
-    _quiet()
+    quiet()
     import torch
     import transformers
     import trl

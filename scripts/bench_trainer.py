@@ -32,7 +32,8 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
+
+from trl_alloc.benchmarking import cpu_run_kwargs, count_generated, parse_choices, check_batch, quiet, step_timer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -63,65 +64,12 @@ def parse_args(argv=None):
     p.add_argument("--model_dir", default=None, help="model directory (default: the embedded tiny model)")
     p.add_argument("--output", default=None, help="write the full results as JSON here")
     args = p.parse_args(argv)
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in args.variants if v not in VARIANTS]
-    if unknown:
-        p.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
-    if args.batch % args.num_generations:
-        p.error(f"--batch ({args.batch}) must be a multiple of --num_generations ({args.num_generations})")
+    args.variants = parse_choices(p, args.variants, VARIANTS, "variant")
+    check_batch(p, args)
     for name in ("rounds", "repeats", "num_generations", "batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
     return args
-
-
-def _quiet():
-    import logging
-
-    warnings.filterwarnings("ignore")
-    for name in ("transformers", "trl", "accelerate", "datasets"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def _step_timer():
-    from transformers import TrainerCallback
-
-    class StepTimer(TrainerCallback):
-        """Wall-clock of each optimizer step (generation + scoring + loss + optimizer)."""
-
-        def __init__(self):
-            self.steps, self.cpu, self._t, self._c, self.last_end = [], [], None, None, None
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._t, self._c = time.perf_counter(), time.process_time()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if self._t is not None:
-                self.last_end = time.perf_counter()
-                self.steps.append(self.last_end - self._t)
-                self.cpu.append(time.process_time() - self._c)
-                self._t = None
-
-    return StepTimer()
-
-
-def _count_generated(trainer):
-    """Count every response generated (both trainers go through `_generate_single_turn`)."""
-    inner, box = trainer._generate_single_turn, {"n": 0}
-
-    def generate(prompt_ids, *args, **kwargs):
-        out = inner(prompt_ids, *args, **kwargs)
-        box["n"] += len(out[0])
-        return out
-
-    trainer._generate_single_turn = generate
-    return box
 
 
 def run_once(variant, rounds, opts, model_dir, dataset, reward, out_root):
@@ -133,14 +81,8 @@ def run_once(variant, rounds, opts, model_dir, dataset, reward, out_root):
     from trl_alloc.config import AllocGRPOConfig
     from trl_alloc.trainer import AllocGRPOTrainer
 
-    common = dict(
-        output_dir=tempfile.mkdtemp(prefix=f"{variant}-", dir=out_root),
-        per_device_train_batch_size=opts.batch, num_generations=opts.num_generations,
-        max_completion_length=opts.max_completion_length, temperature=1.0, learning_rate=5e-4,
-        lr_scheduler_type="constant", beta=0.0, loss_type="dapo", logging_steps=1, report_to=[],
-        save_strategy="no", bf16=False, use_cpu=True, gradient_checkpointing=False, seed=opts.seed,
-        disable_tqdm=True, max_steps=rounds,
-    )
+    common = cpu_run_kwargs(tempfile.mkdtemp(prefix=f"{variant}-", dir=out_root), opts.batch, opts.num_generations,
+                            opts.max_completion_length, opts.seed, learning_rate=5e-4, max_steps=rounds)
     torch.manual_seed(opts.seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -156,9 +98,9 @@ def run_once(variant, rounds, opts, model_dir, dataset, reward, out_root):
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout (same for every variant)
-    timer = _step_timer()
+    timer = step_timer()
     trainer.add_callback(timer)
-    generated = _count_generated(trainer)
+    generated = count_generated(trainer)
     t0 = time.perf_counter()
     trainer.train()
     t1 = time.perf_counter()
@@ -246,7 +188,7 @@ def markdown_table(rows):
 
 def main(argv=None):
     opts = parse_args(argv)
-    _quiet()
+    quiet()
     import torch
     import trl
     import transformers

@@ -56,6 +56,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
+from trl_alloc.benchmarking import count_generated  # noqa: E402
 from trl_alloc.config import AllocDAPOConfig  # noqa: E402
 from trl_alloc.trainer import ALLOCATION_STATE_NAME, AllocDAPOTrainer, AllocGRPOTrainer  # noqa: E402
 
@@ -82,19 +83,6 @@ def build(tmp_path, pacing="uniform", filling="full", trainer_cls=AllocGRPOTrain
     model, tok, ds, reward = tiny_setup(seed=seed, n_prompts=n_prompts)
     args = make_args(str(tmp_path), pacing=pacing, filling=filling, **kw)
     return trainer_cls(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
-
-
-def count_generated(trainer):
-    """Wrap generation to count every response actually generated."""
-    inner, box = trainer._generate_single_turn, {"n": 0}
-
-    def generate(prompt_ids, *args, **kwargs):
-        out = inner(prompt_ids, *args, **kwargs)
-        box["n"] += len(out[0])
-        return out
-
-    trainer._generate_single_turn = generate
-    return box
 
 
 # ---------------------------------------------------------------- stock equivalence
