@@ -83,7 +83,7 @@ def parse_args(argv=None):
                    help="training prompt pool size; default 128 (--quick) / 256, smaller than rounds × prompts per "
                    "round so prompts recur and the allocators' per-prompt states matter (with a pool larger than "
                    "the run visits, every prompt is fresh and knapsack / cero_fixed / cero_greedy reduce to uniform)")
-    p.add_argument("--learning_rate", type=float, default=3e-5, help="the embedded recipe's rate (configs/tiny_cpu.yaml); higher rates damage the tiny model")
+    p.add_argument("--learning_rate", type=float, default=1e-4, help="the embedded recipe's rate (configs/tiny_cpu.yaml); 3e-4 and above destabilise the tiny model")
     p.add_argument("--eval_prompts", type=int, default=None, help="held-out test prompts; default 100, --quick 50")
     p.add_argument("--eval_k", type=int, default=4, help="k of avg@k / pass@k (= samples per eval prompt)")
     p.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed, seed+1, ...)")

@@ -134,6 +134,23 @@ def test_tokenizer_round_trip():
                       skip_special_tokens=True) == "19"
 
 
+def test_warm_up_estimates():
+    """The warm-up corpus's rough-estimate style: "~" + the value rounded at its leading digit."""
+    from trl_alloc.tiny import estimate_answer, with_estimates
+
+    assert [estimate_answer(a) for a in ["42", "7", "0", "155", "96", "1234", "45"]] == \
+        ["~40", "~10", "~0", "~200", "~100", "~1000", "~40"]
+    assert arithmetic_reward(["40+2="], ["~40"], answer=["42"]) == [0.0]  # an estimate is not the answer
+    assert arithmetic_reward(["30+10="], ["~40"], answer=["40"]) == [1.0]  # unless it is exact
+    data = build_dataset("arithmetic", n=2000, seed=0)
+    noisy = with_estimates(data, 0.4, seed=3)
+    changed = [a != b for a, b in zip(data["answer"], noisy["answer"])]
+    assert all(b.startswith("~") for b, c in zip(noisy["answer"], changed) if c)
+    assert 0.35 < sum(a.startswith("~") for a in noisy["answer"]) / 2000 < 0.45
+    assert noisy["answer"] == with_estimates(data, 0.4, seed=3)["answer"]  # deterministic
+    assert noisy["prompt"] == data["prompt"]
+
+
 # ---------------------------------------------------------------- tiny model
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
@@ -208,3 +225,21 @@ def test_concurrent_builds_share_one_directory(tmp_path):
     assert len(paths) == 1
     built = [d for d in os.listdir(tmp_path) if not d.endswith(".lock")]
     assert built == [Path(paths.pop()).name]  # no leftover temporary directory
+
+
+def test_readme_main_command_improves_held_out_accuracy(tiny_dir, tmp_path):
+    """The README's main command (CERO + SARA on the tiny model, the shipped recipe) raises held-out
+    accuracy: the warm-up left the model answering ~40% of prompts with a rough estimate, which the
+    verifier rejects, and RL learns to answer exactly, on prompts it never trained on too."""
+    out = tmp_path / "demo"
+    env = {**os.environ, "TRL_ALLOC_CACHE": str(Path(tiny_dir).parent), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "run_demo.sh"), "--output_dir", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "allocation" / "summary.json").read_text())
+    before, after = summary["held_out_accuracy_before"], summary["held_out_accuracy_after"]
+    print(f"\nheld-out accuracy {before:.4f} -> {after:.4f}; spent {summary['responses_spent']} responses")
+    assert re.search(r"held-out accuracy after training: +[0-9.]+ \(before [0-9.]+, \+0\.\d+\)", proc.stdout)
+    assert after - before >= 0.04
+    assert 0.98 * 40 * 256 <= summary["responses_spent"] <= 40 * 256 and summary["rounds"] == 40
+    assert (out / "model.safetensors").exists()

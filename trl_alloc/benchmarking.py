@@ -1,7 +1,7 @@
 """Shared pieces of the benchmark scripts (`scripts/bench*.py`) and the trainer tests."""
 
 
-def cpu_run_kwargs(output_dir, batch, num_generations, max_completion_length, seed, learning_rate=3e-5, **extra):
+def cpu_run_kwargs(output_dir, batch, num_generations, max_completion_length, seed, learning_rate=1e-4, **extra):
     """GRPOConfig keyword arguments every CPU benchmark run shares (stock TRL and trl-alloc alike)."""
     return dict(output_dir=output_dir, per_device_train_batch_size=batch, num_generations=num_generations,
                 max_completion_length=max_completion_length, temperature=1.0, learning_rate=learning_rate,

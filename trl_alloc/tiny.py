@@ -5,6 +5,12 @@ gives it a short deterministic supervised warm-up on ``prompt + answer + <eos>``
 accuracy is *partial* (per-prompt success rates spread over (0, 1): informative GRPO groups),
 and saves both with ``save_pretrained`` (safetensors, standard Qwen2 config, generation config)
 in a cache directory keyed by a hash of the build settings. Nothing is downloaded.
+
+The warm-up corpus is deliberately noisy, like a pre-training corpus: 40% of its answers are
+rough estimates (``"27+15="`` -> ``"~40"``), which the verifier rejects unless they are exact. The
+model learns both styles; RL learns to answer exactly, a behaviour that carries over to prompts
+it never trained on. Without the estimates the 0.4M-parameter model memorises the small easy
+levels and RL gains do not reach held-out prompts (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import NamedTuple
 
 BUILD_VERSION = 1
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
-DEFAULT_CHARS = string.digits + string.ascii_lowercase + "+-*/()=:<>.,?! \n"
+DEFAULT_CHARS = string.digits + string.ascii_lowercase + "+-*/()=:<>.,?!~ \n"
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class TinyBuildConfig:
     n_train: int = 20000
     data_seed: int = 1000  # warm-up problems differ from the usual RL draw (train split, seed 0)
     warmup_steps: int = 800
+    estimate_fraction: float = 0.4  # share of warm-up answers written as a rough estimate "~40"
     batch_size: int = 128
     lr: float = 3e-3
     seed: int = 0
@@ -160,6 +167,22 @@ def warm_up(model, tokenizer, dataset, steps: int = 800, seed: int = 0, batch_si
     return losses
 
 
+def estimate_answer(answer: str) -> str:
+    """A rough estimate of an integer answer: ``~`` and the value rounded to its leading digit."""
+    value = int(answer)
+    scale = 10 ** max(len(str(abs(value))) - 1, 1)
+    return "~" + str(round(value / scale) * scale)
+
+
+def with_estimates(dataset, fraction: float, seed: int = 0):
+    """``dataset`` with a fixed random ``fraction`` of its answers replaced by ``estimate_answer``."""
+    import random
+
+    rng = random.Random(f"estimates:{seed}")
+    return dataset.map(lambda row: {"answer": estimate_answer(row["answer"]) if rng.random() < fraction
+                                    else row["answer"]})
+
+
 # ---------------------------------------------------------------- evaluation
 class Accuracy(NamedTuple):
     mean: float
@@ -242,6 +265,8 @@ def build_tiny_model_dir(out_dir: str | os.PathLike, cfg: TinyBuildConfig = Tiny
         intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
         seed=cfg.seed)
     data = build_dataset(cfg.task, n=cfg.n_train, seed=cfg.data_seed, split="train")
+    if cfg.estimate_fraction:
+        data = with_estimates(data, cfg.estimate_fraction, seed=cfg.data_seed)
     losses = warm_up(model, tokenizer, data, steps=cfg.warmup_steps, seed=cfg.seed,
                      batch_size=cfg.batch_size, lr=cfg.lr, num_threads=num_threads,
                      progress=progress)
