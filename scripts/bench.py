@@ -28,7 +28,7 @@ round), and PNGs: ``egr_vs_budget.png``, ``pacing_gap.png``, ``responses_per_eff
 ``heldout_avg_at_k.png``.
 
     python scripts/bench.py --quick                       # ~10 rounds x 256 responses, 1 seed
-    python scripts/bench.py --seeds 3 --rounds 30          # full mode (default: 3 seeds, 30 rounds)
+    python scripts/bench.py                                # full mode: 3 seeds, 40 rounds, 200 x 8 held-out
     python scripts/bench.py --quick --methods stock,dapo,cero,random_matched
 """
 
@@ -69,9 +69,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="10 rounds, 1 seed, 50 eval prompts (unless set explicitly)")
+                   help="10 rounds, 1 seed, 50 eval prompts x 4 samples (unless set explicitly)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per method (mean ± std); default 3, --quick 1")
-    p.add_argument("--rounds", type=int, default=None, help="scheduler rounds K; default 30, --quick 10")
+    p.add_argument("--rounds", type=int, default=None, help="scheduler rounds K; default 40 (the embedded recipe), --quick 10")
     p.add_argument("--budget", type=int, default=None,
                    help="total responses per run (default rounds × batch); stock gets budget // batch steps")
     p.add_argument("--methods", default=",".join(METHODS), help="comma list from " + ",".join(METHODS))
@@ -84,14 +84,15 @@ def parse_args(argv=None):
                    "round so prompts recur and the allocators' per-prompt states matter (with a pool larger than "
                    "the run visits, every prompt is fresh and knapsack / cero_fixed / cero_greedy reduce to uniform)")
     p.add_argument("--learning_rate", type=float, default=1e-4, help="the embedded recipe's rate (configs/tiny_cpu.yaml); 3e-4 and above destabilise the tiny model")
-    p.add_argument("--eval_prompts", type=int, default=None, help="held-out test prompts; default 100, --quick 50")
-    p.add_argument("--eval_k", type=int, default=4, help="k of avg@k / pass@k (= samples per eval prompt)")
+    p.add_argument("--eval_prompts", type=int, default=None, help="held-out test prompts; default 200, --quick 50")
+    p.add_argument("--eval_k", type=int, default=None, help="k of avg@k / pass@k (= samples per eval prompt); default 8, --quick 4")
     p.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed, seed+1, ...)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (0 = torch default)")
     args = p.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 3)
-    args.rounds = args.rounds or (10 if args.quick else 30)
-    args.eval_prompts = args.eval_prompts or (50 if args.quick else 100)
+    args.rounds = args.rounds or (10 if args.quick else 40)
+    args.eval_prompts = args.eval_prompts or (50 if args.quick else 200)
+    args.eval_k = args.eval_k or (4 if args.quick else 8)
     args.num_prompts = args.num_prompts or (128 if args.quick else 256)
     args.budget = args.budget or args.rounds * args.batch
     args.methods = parse_choices(p, args.methods, METHODS, "method")
@@ -218,7 +219,7 @@ def run_figures(run, budget, planned_rounds):
 
 
 SCALARS = ("avg", "pass", "egr", "responses_per_eff", "tokens_per_eff", "wall_s", "allocator_share", "responses", "rounds",
-           "effective_groups", "d_avg_vs_stock", "d_pass_vs_stock", "rpe_ratio_vs_dapo")
+           "effective_groups", "d_avg_vs_stock", "d_pass_vs_stock", "rpe_ratio_vs_dapo", "d_avg_vs_start")
 
 
 def summarise(runs, methods):
@@ -255,16 +256,18 @@ def _fmt(v, spec, scale=1.0, sign=False):
     return s + (f" ± {std * scale:{spec}}" if std else "")
 
 
-def markdown_table(rows, opts):
+def markdown_table(rows, opts, start=None):
     k = opts.eval_k
-    head = (f"| method | seeds | avg@{k} % | pass@{k} % | Δavg@{k} vs stock (pp) | Δpass@{k} vs stock (pp) | "
+    head = (f"| method | seeds | avg@{k} % | pass@{k} % | Δavg@{k} vs start (pp) | Δavg@{k} vs stock (pp) | "
+            f"Δpass@{k} vs stock (pp) | "
             "eff. group rate % | responses / eff. group | ratio to DAPO | tokens / eff. group | responses | optimizer steps | "
             "wall s | allocator share % |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m, r in rows.items():
         lines.append(
             f"| {METHODS[m][0]} | {r['runs']} | {_fmt(r['avg'], '.1f', 100)} | {_fmt(r['pass'], '.1f', 100)} | "
-            f"{_fmt(r['d_avg_vs_stock'], '.1f', 100, True)} | {_fmt(r['d_pass_vs_stock'], '.1f', 100, True)} | "
+            f"{_fmt(r['d_avg_vs_start'], '.1f', 100, True)} | {_fmt(r['d_avg_vs_stock'], '.1f', 100, True)} | "
+            f"{_fmt(r['d_pass_vs_stock'], '.1f', 100, True)} | "
             f"{_fmt(r['egr'], '.1f', 100)} | {_fmt(r['responses_per_eff'], '.1f')} | "
             f"{_fmt(r['rpe_ratio_vs_dapo'], '.2f')} | {_fmt(r['tokens_per_eff'], '.1f')} | "
             f"{_fmt(r['responses'], '.0f')} | {_fmt(r['rounds'], '.1f')} | {_fmt(r['wall_s'], '.1f')} | {_fmt(r['allocator_share'], '.2f', 100)} |")
@@ -272,8 +275,11 @@ def markdown_table(rows, opts):
             f"steps), k={opts.num_generations}, max_completion_length={opts.max_completion_length}, "
             f"prompt pool {opts.num_prompts}, held-out: {opts.eval_prompts} test prompts × {opts.eval_k} samples (T=1). "
             "Eff. group = a group with mixed rewards; rate = effective / groups touched. Ratio to DAPO = responses "
-            "per effective group ÷ DAPO dynamic sampling's (paired per seed). Δ = method − stock GRPOTrainer "
-            "(paired per seed), percentage points. Allocator share = allocator seconds ÷ train() wall-clock.")
+            "per effective group ÷ DAPO dynamic sampling's (paired per seed). Δ = method − stock GRPOTrainer, or "
+            "− the untrained start checkpoint (paired per seed), percentage points. Allocator share = allocator "
+            "seconds ÷ train() wall-clock.")
+    if start:
+        note += f" Start checkpoint: avg@{k} {_fmt(start['avg'], '.1f', 100)} %, pass@{k} {_fmt(start['pass'], '.1f', 100)} %."
     return "\n".join(lines) + "\n" + note
 
 
@@ -337,6 +343,8 @@ def main(argv=None):
     import transformers
     import trl
 
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from trl_alloc.data import reward_for_dataset
     from trl_alloc.tasks import build_dataset
     from trl_alloc.tiny import get_tiny_model_dir
@@ -355,13 +363,18 @@ def main(argv=None):
     print(f"[bench] model {model_dir}; methods {order}; seeds {opts.seeds}; rounds {opts.rounds}; budget "
           f"{opts.budget} responses; torch threads {torch.get_num_threads()}", flush=True)
 
-    runs = []
+    runs, starts = [], []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for s in range(opts.seeds):
             seed = opts.seed + s
             dataset = build_dataset("arithmetic", n=opts.num_prompts, seed=seed, split="train")
             test_ds = build_dataset("arithmetic", n=opts.eval_prompts, seed=10_000 + seed, split="test")
             cero_state = None
+            start = evaluate_model(AutoModelForCausalLM.from_pretrained(model_dir),
+                                   AutoTokenizer.from_pretrained(model_dir), test_ds, reward, opts, seed)
+            starts.append(start)
+            print(f"[bench] seed {seed} start checkpoint: avg@{opts.eval_k} {start['avg']:.3f}, "
+                  f"pass@{opts.eval_k} {start['pass']:.3f}", flush=True)
             for m in order:
                 run_dir = os.path.join(tmp, f"{m}-s{seed}")
                 t = time.perf_counter()
@@ -373,6 +386,7 @@ def main(argv=None):
                 if m == "cero":
                     cero_state = run["state_path"]
                 run.update(evaluate_model(model, tok, test_ds, reward, opts, seed))
+                run["d_avg_vs_start"] = run["avg"] - start["avg"]
                 run_figures(run, opts.budget, opts.rounds)
                 run.pop("state_path", None)
                 runs.append(run)
@@ -384,7 +398,9 @@ def main(argv=None):
 
     present = [m for m in methods if any(r["method"] == m for r in runs)]
     rows = summarise(runs, present)
-    table = markdown_table(rows, opts)
+    start = {key: (statistics.fmean(x[key] for x in starts), statistics.stdev(x[key] for x in starts)
+                   if len(starts) > 1 else 0.0) for key in ("avg", "pass")} if starts else None
+    table = markdown_table(rows, opts, start)
     print()
     print(table)
     paths = plots(runs, rows, present, opts.output_dir, opts) if runs else {}
@@ -397,7 +413,7 @@ def main(argv=None):
         "environment": {"python": sys.version.split()[0], "torch": torch.__version__, "trl": trl.__version__,
                         "transformers": transformers.__version__, "platform": platform.platform(),
                         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()},
-        "summary": rows, "runs": runs, "table": table, "plots": paths,
+        "summary": rows, "start_checkpoint": start, "start_runs": starts, "runs": runs, "table": table, "plots": paths,
     }
     with open(os.path.join(opts.output_dir, "bench.json"), "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=1, default=_json_default)

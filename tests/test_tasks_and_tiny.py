@@ -243,3 +243,28 @@ def test_readme_main_command_improves_held_out_accuracy(tiny_dir, tmp_path):
     assert after - before >= 0.04
     assert 0.98 * 40 * 256 <= summary["responses_spent"] <= 40 * 256 and summary["rounds"] == 40
     assert (out / "model.safetensors").exists()
+
+
+def test_bench_quick_writes_table_json_and_plots(tiny_dir, tmp_path):
+    """scripts/bench.py at a few rounds: every method spends the same budget, random-matched
+    replays CERO's per-round sizes, and the table, JSON and plots are written."""
+    out = tmp_path / "bench"
+    env = {**os.environ, "TRL_ALLOC_CACHE": str(Path(tiny_dir).parent), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--rounds", "3",
+                           "--eval_prompts", "16", "--methods", "stock,dapo,random_matched,cero_sara",
+                           "--output_dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    payload = json.loads((out / "bench.json").read_text())
+    runs = {r["method"]: r for r in payload["runs"]}
+    assert set(runs) == {"stock", "dapo", "cero", "random_matched", "cero_sara"}  # cero added for the replay
+    budget = 3 * 256
+    assert runs["stock"]["responses"] == runs["cero"]["responses"] == budget
+    assert all(r["responses"] <= budget for r in runs.values())
+    per_round = lambda m: [h["responses"] for h in runs[m]["history"]]  # noqa: E731
+    assert per_round("random_matched") == per_round("cero")
+    assert payload["summary"]["dapo"]["rpe_ratio_vs_dapo"][0] == 1.0
+    assert 0.0 <= payload["start_checkpoint"]["avg"][0] <= 1.0
+    table = (out / "bench.md").read_text()
+    assert "| CERO+SARA | 1 |" in table and "Start checkpoint: avg@4" in table
+    for name in ("egr_vs_budget", "pacing_gap", "responses_per_effective_group", "heldout_avg_at_k"):
+        assert (out / f"{name}.png").stat().st_size > 1000
