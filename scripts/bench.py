@@ -15,17 +15,22 @@ max_completion_length, same optimizer settings):
   sara          SARA                           (pacing uniform,        filling sara)
   cero_sara     CERO + SARA                    (pacing cero,           filling sara)
   cero_sara_arrol  CERO + SARA + ARROL         (pruning arrol, detect_length 2, cold_start_steps 2)
+  cero_sara_random CERO + SARA + random pruning (ARROL's control: same survival rate, no head)
 
 Per method: held-out avg@k and pass@k (``trl_alloc.evaluation``, transformers backend, k samples per
 prompt on held-out test prompts), effective-group rate (groups with mixed rewards / groups touched),
 responses and completion tokens per effective group, wall-clock of ``train()``, and the allocator's share
 of it (``trainer.history``). For stock TRL the groups are counted at the reward call (consecutive
 ``num_generations`` completions of one prompt). Ratio columns: responses per effective group relative
-to DAPO dynamic sampling, held-out avg@k / pass@k minus stock GRPOTrainer's.
+to DAPO dynamic sampling, held-out avg@k / pass@k minus stock GRPOTrainer's (and the start checkpoint's).
+How each run chose prompts is judged by one method-independent observer (``selection_figures``: a
+Beta state per prompt fed every observed reward): selection lift by predicted-success bin, and q̂
+against the observed within-group variance.
 
 Outputs in ``--output_dir``: ``bench.md`` (the table), ``bench.json`` (everything, per seed and per
-round), and PNGs: ``egr_vs_budget.png``, ``pacing_gap.png``, ``responses_per_effective_group.png``,
-``heldout_avg_at_k.png``.
+round), and PNGs: ``egr_vs_budget.png`` (cumulative), ``pacing_gap.png``,
+``responses_per_effective_group.png``, ``heldout_avg_at_k.png``, ``selection_lift.png``,
+``qhat_vs_variance.png``, ``survivor_positive_ratio.png`` (pruning methods).
 
     python scripts/bench.py --quick                       # ~10 rounds x 256 responses, 1 seed
     python scripts/bench.py                                # full mode: 3 seeds, 40 rounds, 200 x 8 held-out
@@ -43,7 +48,7 @@ import sys
 import tempfile
 import time
 
-from trl_alloc.benchmarking import cpu_run_kwargs, parse_choices, check_batch, quiet
+from trl_alloc.benchmarking import RoundRecorder, check_batch, cpu_run_kwargs, parse_choices, quiet, selection_figures
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -62,7 +67,10 @@ METHODS = {
     "cero_sara": ("CERO+SARA", dict(pacing="cero", filling="sara")),
     "cero_sara_arrol": ("CERO+SARA+ARROL", dict(pacing="cero", filling="sara", pruning="arrol", detect_length=2,
                                                 cold_start_steps=2)),
+    "cero_sara_random": ("CERO+SARA+random pruning", dict(pacing="cero", filling="sara", pruning="random",
+                                                          detect_length=2, cold_start_steps=2)),
 }
+PRUNING_METHODS = ("cero_sara_arrol", "cero_sara_random")
 
 
 def parse_args(argv=None):
@@ -140,17 +148,21 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     log = []
+    recorder = RoundRecorder(dataset["prompt"])
     if stages is None:
-        trainer = GRPOTrainer(model=model, reward_funcs=_counting_reward(reward, opts.num_generations, log),
+        trainer = GRPOTrainer(model=model, reward_funcs=_counting_reward(recorder.wrap(reward, per_call=True),
+                                                                         opts.num_generations, log),
                               args=GRPOConfig(max_steps=opts.budget // opts.batch, **common), train_dataset=dataset,
                               processing_class=tokenizer)
     else:
         extra = dict(stages)
         if method == "random_matched":
             extra["random_matched_reference"] = cero_state
-        trainer = AllocGRPOTrainer(model=model, reward_funcs=reward, train_dataset=dataset, processing_class=tokenizer,
+        trainer = AllocGRPOTrainer(model=model, reward_funcs=recorder.wrap(reward), train_dataset=dataset,
+                                   processing_class=tokenizer,
                                    args=AllocGRPOConfig(num_rounds=opts.rounds, rollout_budget=opts.budget,
                                                         max_generation_batches=10_000, **extra, **common))
+        recorder.record_rounds_of(trainer)
     trainer.remove_callback(PrinterCallback)
     t0 = time.perf_counter()
     trainer.train()
@@ -163,8 +175,13 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
             with open(state_path, "w", encoding="utf-8") as f:
                 json.dump(trainer.allocation_state(), f, default=_json_default)
     rewards = [x["reward"] for x in trainer.state.log_history if "reward" in x]
+    survivors = [x["pruning/survivor_positive_ratio"] for x in trainer.state.log_history
+                 if "pruning/survivor_positive_ratio" in x]
     out = {"method": method, "seed": seed, "wall_s": wall, "history": log,
-           "train_reward": statistics.fmean(rewards) if rewards else None, "state_path": state_path}
+           "train_reward": statistics.fmean(rewards) if rewards else None, "state_path": state_path,
+           "selection": selection_figures(recorder.rounds, len(dataset)),
+           "curve_survivor_positive_ratio": survivors,
+           "survivor_positive_ratio": statistics.fmean(survivors) if survivors else None}
     model = trainer.model
     del trainer
     return out, model, tokenizer
@@ -210,7 +227,8 @@ def run_figures(run, budget, planned_rounds):
         "tokens_per_eff": toks / eff if eff else float("inf"),
         "allocator_s": alloc, "allocator_share": alloc / run["wall_s"] if run["wall_s"] else 0.0,
         "curve_cum_responses": cum.tolist(),
-        "curve_egr": [r["effective_groups"] / r["groups"] if r["groups"] else 0.0 for r in h],
+        "curve_egr": (np.cumsum([r["effective_groups"] for r in h])
+                      / np.maximum(np.cumsum([r["groups"] for r in h]), 1)).tolist(),
         # cumulative spend minus uniform spending (budget / planned rounds per round), in responses; a run
         # that stops early (budget spent) or leaves budget unspent does not end at 0
         "curve_pacing_gap": (cum - budget * np.arange(1, K + 1) / planned_rounds).tolist(),
@@ -219,7 +237,8 @@ def run_figures(run, budget, planned_rounds):
 
 
 SCALARS = ("avg", "pass", "egr", "responses_per_eff", "tokens_per_eff", "wall_s", "allocator_share", "responses", "rounds",
-           "effective_groups", "d_avg_vs_stock", "d_pass_vs_stock", "rpe_ratio_vs_dapo", "d_avg_vs_start")
+           "effective_groups", "d_avg_vs_stock", "d_pass_vs_stock", "rpe_ratio_vs_dapo", "d_avg_vs_start",
+           "survivor_positive_ratio")
 
 
 def summarise(runs, methods):
@@ -278,6 +297,10 @@ def markdown_table(rows, opts, start=None):
             "per effective group ÷ DAPO dynamic sampling's (paired per seed). Δ = method − stock GRPOTrainer, or "
             "− the untrained start checkpoint (paired per seed), percentage points. Allocator share = allocator "
             "seconds ÷ train() wall-clock.")
+    survivors = [f"{METHODS[m][0]} {_fmt(rows[m]['survivor_positive_ratio'], '.3f')}" for m in PRUNING_METHODS
+                 if m in rows and rows[m]["survivor_positive_ratio"] is not None]
+    if survivors:
+        note += " Survivors' positive ratio (mean over rounds after the cold start): " + ", ".join(survivors) + "."
     if start:
         note += f" Start checkpoint: avg@{k} {_fmt(start['avg'], '.1f', 100)} %, pass@{k} {_fmt(start['pass'], '.1f', 100)} %."
     return "\n".join(lines) + "\n" + note
@@ -295,7 +318,7 @@ def plots(runs, rows, methods, out_dir, opts):
     first = {r["method"]: r for r in runs if r["seed"] == seed0}
 
     for key, fname, ylabel, title in (
-            ("curve_egr", "egr_vs_budget.png", "effective-group rate (per round)",
+            ("curve_egr", "egr_vs_budget.png", "effective-group rate (cumulative)",
              "Effective-group rate vs budget consumed"),
             ("curve_pacing_gap", "pacing_gap.png", "cumulative spend − uniform (responses)",
              "Cumulative pacing gap vs uniform spending")):
@@ -333,6 +356,58 @@ def plots(runs, rows, methods, out_dir, opts):
         paths[key] = os.path.join(out_dir, fname)
         fig.savefig(paths[key], dpi=120)
         plt.close(fig)
+
+    def save(fig, key, fname):
+        fig.tight_layout()
+        paths[key] = os.path.join(out_dir, fname)
+        fig.savefig(paths[key], dpi=120)
+        plt.close(fig)
+
+    # selection lift by predicted-success bin, mean over seeds
+    fig, ax = plt.subplots(figsize=(8, 5))
+    edges = np.asarray(runs[0]["selection"]["lift_edges"])
+    centers = (edges[:-1] + edges[1:]) / 2
+    for m in methods:
+        lifts = np.array([r["selection"]["lift"] for r in runs if r["method"] == m], float)
+        if lifts.size:
+            ax.plot(centers, np.nanmean(lifts, axis=0), marker="o", label=METHODS[m][0])
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set(xlabel="predicted success rate before the round (observer's Beta mean)",
+           ylabel="chosen share / pool share", title="Selection lift by predicted-success bin")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    save(fig, "selection_lift", "selection_lift.png")
+
+    # q̂ vs observed within-group variance, pooled over seeds
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for m in methods:
+        pts = [b for r in runs if r["method"] == m for b in r["selection"]["variance"]]
+        if pts:
+            q = np.array([b["q_hat"] for b in pts])
+            v = np.array([b["observed"] for b in pts])
+            w = np.array([b["groups"] for b in pts], float)
+            bins = np.clip((q / 0.05).astype(int), 0, 4)
+            xs = [np.average(q[bins == b], weights=w[bins == b]) for b in range(5) if (bins == b).any()]
+            ys = [np.average(v[bins == b], weights=w[bins == b]) for b in range(5) if (bins == b).any()]
+            ax.plot(xs, ys, marker="o", label=METHODS[m][0])
+    ax.plot([0, 0.25], [0, 0.25], "k--", lw=0.8, label="calibrated")
+    ax.set(xlabel="q̂ before the round (eq. 6)", ylabel="observed within-group variance",
+           title="q̂ vs observed group variance")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    save(fig, "qhat_vs_variance", "qhat_vs_variance.png")
+
+    pruned = [m for m in methods if m in PRUNING_METHODS and first.get(m) and first[m]["curve_survivor_positive_ratio"]]
+    if pruned:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for m in pruned:
+            ys = first[m]["curve_survivor_positive_ratio"]
+            ax.plot(np.arange(1, len(ys) + 1), ys, marker=".", label=METHODS[m][0])
+        ax.set(xlabel="round (after the cold start)", ylabel="positive share of survivors",
+               title=f"Survivors' positive ratio (seed {seed0})")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        save(fig, "survivor_positive_ratio", "survivor_positive_ratio.png")
     return paths
 
 

@@ -266,5 +266,8 @@ def test_bench_quick_writes_table_json_and_plots(tiny_dir, tmp_path):
     assert 0.0 <= payload["start_checkpoint"]["avg"][0] <= 1.0
     table = (out / "bench.md").read_text()
     assert "| CERO+SARA | 1 |" in table and "Start checkpoint: avg@4" in table
-    for name in ("egr_vs_budget", "pacing_gap", "responses_per_effective_group", "heldout_avg_at_k"):
+    lift = runs["cero_sara"]["selection"]["lift"]
+    assert len(lift) == 5 and sum(runs["cero_sara"]["selection"]["chosen_per_bin"]) > 0
+    for name in ("egr_vs_budget", "pacing_gap", "responses_per_effective_group", "heldout_avg_at_k",
+                 "selection_lift", "qhat_vs_variance"):
         assert (out / f"{name}.png").stat().st_size > 1000

@@ -72,3 +72,91 @@ def step_timer():
                 self._t = None
 
     return StepTimer()
+
+
+class RoundRecorder:
+    """Rewards per round and prompt, whichever trainer produced them: `wrap(reward)` records every
+    scored completion under the current round (`new_round()`); pruned rollouts (no completion ids)
+    are skipped. Stock TRL scores one generation batch per step, so `per_call=True` makes each
+    reward call a round; trl-alloc's trainers call `new_round()` from their `_run_round`."""
+
+    def __init__(self, prompts):
+        self.index = {}
+        for i, p in enumerate(prompts):
+            self.index.setdefault(p, i)
+        self.num_prompts = len(prompts)
+        self.rounds = []  # per round: {prompt index: [rewards]}
+
+    def new_round(self):
+        self.rounds.append({})
+
+    def wrap(self, reward, per_call=False):
+        def recorded(prompts, completions, completion_ids=None, **kwargs):
+            out = reward(prompts, completions, completion_ids=completion_ids, **kwargs)
+            if per_call or not self.rounds:
+                self.new_round()
+            ids = completion_ids if completion_ids is not None else [None] * len(out)
+            for prompt, cid, r in zip(prompts, ids, out):
+                if cid is not None and len(cid) == 0:
+                    continue
+                self.rounds[-1].setdefault(self.index[prompt], []).append(float(r))
+            return out
+
+        recorded.__name__ = getattr(reward, "__name__", "reward")
+        return recorded
+
+    def record_rounds_of(self, trainer):
+        """Start a new round whenever a trl-alloc trainer starts one."""
+        run_round = trainer._run_round
+
+        def recorded_round():
+            self.new_round()
+            return run_round()
+
+        trainer._run_round = recorded_round
+
+
+def selection_figures(rounds, num_prompts, bins=5, variance_bins=5):
+    """How a run chose prompts, judged by one method-independent observer: a Beta(1, 1) state per
+    prompt (eq. 5, no forgetting) fed every observed reward (success = reward > 0.5).
+
+    Returns `lift` (per predicted-success bin of [0, 1]: the chosen prompts' share over the pool's
+    share, 1 = no preference) and `variance` (per q̂ bin of [0, 1/4]: mean q̂ (eq. 6) and the mean
+    observed within-group sample variance of groups of >= 2 responses; a calibrated q̂ matches it).
+    Only prompts observed before a round count: an unseen prompt's prior mean 0.5 says nothing.
+    """
+    import numpy as np
+
+    from .allocation import BetaState
+
+    beta = BetaState(num_prompts)
+    seen = np.zeros(num_prompts, bool)
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    pool, chosen = np.zeros(bins), np.zeros(bins)
+    q_pred, var_obs = [], []
+    for groups in rounds:
+        mean, q = beta.mean, beta.proxy()
+        ids = np.array([pid for pid in groups if seen[pid]], dtype=int)
+        if seen.any():
+            pool += np.histogram(mean[seen], edges)[0]
+            chosen += np.histogram(mean[ids], edges)[0]
+        succ, fail = np.zeros(num_prompts, np.int64), np.zeros(num_prompts, np.int64)
+        for pid, rewards in groups.items():
+            wins = np.asarray(rewards) > 0.5
+            succ[pid] += wins.sum()
+            fail[pid] += wins.size - wins.sum()
+            if seen[pid] and wins.size >= 2:
+                q_pred.append(q[pid])
+                var_obs.append(float(np.var(wins, ddof=1)))
+        beta.update(succ, fail)
+        seen[list(groups)] = True
+    pool_share = pool / max(pool.sum(), 1)
+    chosen_share = chosen / max(chosen.sum(), 1)
+    lift = np.where(pool_share > 0, chosen_share / np.where(pool_share > 0, pool_share, 1), np.nan)
+    q_pred, var_obs = np.asarray(q_pred), np.asarray(var_obs)
+    q_edges = np.linspace(0.0, 0.25, variance_bins + 1)
+    which = np.clip(np.digitize(q_pred, q_edges) - 1, 0, variance_bins - 1)
+    variance = [{"q_hat": float(q_pred[which == b].mean()), "observed": float(var_obs[which == b].mean()),
+                 "groups": int((which == b).sum())} for b in range(variance_bins) if (which == b).any()]
+    return {"lift": lift.tolist(), "lift_edges": edges.tolist(), "chosen_per_bin": chosen.tolist(),
+            "variance": variance}
