@@ -96,6 +96,8 @@ def parse_args(argv=None):
     p.add_argument("--eval_k", type=int, default=None, help="k of avg@k / pass@k (= samples per eval prompt); default 8, --quick 4")
     p.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed, seed+1, ...)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (0 = torch default)")
+    p.add_argument("--from_json", default=None,
+                   help="re-write the table and plots of an earlier run's bench.json into --output_dir (no training)")
     args = p.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 3)
     args.rounds = args.rounds or (10 if args.quick else 40)
@@ -314,6 +316,9 @@ def plots(runs, rows, methods, out_dir, opts):
     import numpy as np
 
     paths = {}
+    # one colour and line style per method everywhere (matplotlib's 10-colour cycle would repeat)
+    style = {m: dict(label=METHODS[m][0], color=plt.get_cmap("tab10")(i % 10), ls="-" if i < 10 else "--")
+             for i, m in enumerate(METHODS)}
     seed0 = min(r["seed"] for r in runs)
     first = {r["method"]: r for r in runs if r["seed"] == seed0}
 
@@ -326,7 +331,7 @@ def plots(runs, rows, methods, out_dir, opts):
         for m in methods:
             r = first.get(m)
             if r and r["curve_cum_responses"]:
-                ax.plot(r["curve_cum_responses"], r[key], marker=".", label=METHODS[m][0])
+                ax.plot(r["curve_cum_responses"], r[key], marker=".", **style[m])
         if key == "curve_pacing_gap":
             ax.axhline(0, color="k", lw=0.8)
         ax.set_xlabel("cumulative responses (budget consumed)")
@@ -370,7 +375,7 @@ def plots(runs, rows, methods, out_dir, opts):
     for m in methods:
         lifts = np.array([r["selection"]["lift"] for r in runs if r["method"] == m], float)
         if lifts.size:
-            ax.plot(centers, np.nanmean(lifts, axis=0), marker="o", label=METHODS[m][0])
+            ax.plot(centers, np.nanmean(lifts, axis=0), marker="o", **style[m])
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set(xlabel="predicted success rate before the round (observer's Beta mean)",
            ylabel="chosen share / pool share", title="Selection lift by predicted-success bin")
@@ -389,7 +394,7 @@ def plots(runs, rows, methods, out_dir, opts):
             bins = np.clip((q / 0.05).astype(int), 0, 4)
             xs = [np.average(q[bins == b], weights=w[bins == b]) for b in range(5) if (bins == b).any()]
             ys = [np.average(v[bins == b], weights=w[bins == b]) for b in range(5) if (bins == b).any()]
-            ax.plot(xs, ys, marker="o", label=METHODS[m][0])
+            ax.plot(xs, ys, marker="o", **style[m])
     ax.plot([0, 0.25], [0, 0.25], "k--", lw=0.8, label="calibrated")
     ax.set(xlabel="q̂ before the round (eq. 6)", ylabel="observed within-group variance",
            title="q̂ vs observed group variance")
@@ -402,7 +407,7 @@ def plots(runs, rows, methods, out_dir, opts):
         fig, ax = plt.subplots(figsize=(7, 4))
         for m in pruned:
             ys = first[m]["curve_survivor_positive_ratio"]
-            ax.plot(np.arange(1, len(ys) + 1), ys, marker=".", label=METHODS[m][0])
+            ax.plot(np.arange(1, len(ys) + 1), ys, marker=".", **style[m])
         ax.set(xlabel="round (after the cold start)", ylabel="positive share of survivors",
                title=f"Survivors' positive ratio (seed {seed0})")
         ax.legend(fontsize=7)
@@ -439,8 +444,16 @@ def main(argv=None):
           f"{opts.budget} responses; torch threads {torch.get_num_threads()}", flush=True)
 
     runs, starts = [], []
+    if opts.from_json:
+        with open(opts.from_json, encoding="utf-8") as f:
+            earlier = json.load(f)
+        runs, starts = earlier["runs"], earlier["start_runs"]
+        for key in ("seeds", "rounds", "budget", "batch", "num_generations", "max_completion_length", "num_prompts",
+                    "eval_prompts", "eval_k", "quick"):
+            setattr(opts, key, earlier["settings"][key])
+        methods = [m for m in METHODS if any(r["method"] == m for r in runs)]
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        for s in range(opts.seeds):
+        for s in range(0 if opts.from_json else opts.seeds):
             seed = opts.seed + s
             dataset = build_dataset("arithmetic", n=opts.num_prompts, seed=seed, split="train")
             test_ds = build_dataset("arithmetic", n=opts.eval_prompts, seed=10_000 + seed, split="test")
@@ -479,7 +492,7 @@ def main(argv=None):
     print()
     print(table)
     paths = plots(runs, rows, present, opts.output_dir, opts) if runs else {}
-    total = time.perf_counter() - t_all
+    total = earlier["total_wall_s"] if opts.from_json else time.perf_counter() - t_all
     with open(os.path.join(opts.output_dir, "bench.md"), "w", encoding="utf-8") as f:
         f.write(f"# Method benchmark ({'quick' if opts.quick else 'full'})\n\n{table}\n\nTotal wall time "
                 f"{total:.0f} s.\n")
