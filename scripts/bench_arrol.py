@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--detect_length", type=int, default=2, help="tokens generated before scoring / pruning")
     p.add_argument("--max_completion_length", type=int, default=8)
     p.add_argument("--keep_ratio", type=float, default=0.5, help="κ")
+    p.add_argument("--learning_rate", type=float, default=1e-4,
+                   help="policy learning rate (the embedded recipe's; 3e-4 and above destabilise the tiny model)")
     p.add_argument("--cold_start_steps", type=int, default=2)
     p.add_argument("--levels", default=None,
                    help="comma-separated arithmetic difficulty levels 1..5 (default: all); '5' gives the longest "
@@ -113,7 +115,7 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
 
     args = AllocGRPOConfig(
         **cpu_run_kwargs(tempfile.mkdtemp(prefix=f"{variant}-", dir=out_root), opts.batch, opts.num_generations,
-                         opts.max_completion_length, opts.seed, learning_rate=5e-4),
+                         opts.max_completion_length, opts.seed, learning_rate=opts.learning_rate),
         num_rounds=opts.rounds, max_steps=opts.rounds,
         pacing="uniform", filling="full", pruning=variant, detect_length=opts.detect_length,
         keep_ratio=opts.keep_ratio, cold_start_steps=opts.cold_start_steps, head_hidden_size=64,
