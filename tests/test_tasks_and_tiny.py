@@ -271,3 +271,15 @@ def test_bench_quick_writes_table_json_and_plots(tiny_dir, tmp_path):
     for name in ("egr_vs_budget", "pacing_gap", "responses_per_effective_group", "heldout_avg_at_k",
                  "selection_lift", "qhat_vs_variance"):
         assert (out / f"{name}.png").stat().st_size > 1000
+
+
+def test_countdown_tiny_model_builds_without_estimates(tmp_path):
+    """The estimate style is arithmetic's; a Countdown build keeps its reference expressions."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_alloc.tiny import get_tiny_model_dir
+
+    path = get_tiny_model_dir(tmp_path, task="countdown", progress=False, n_train=64, warmup_steps=3, batch_size=8)
+    info = json.loads((Path(path) / "trl_alloc_build.json").read_text())
+    assert info["config"]["task"] == "countdown" and info["num_parameters"] > 0
+    assert AutoModelForCausalLM.from_pretrained(path).config.model_type == "qwen2"

@@ -44,7 +44,7 @@ class TinyBuildConfig:
     n_train: int = 20000
     data_seed: int = 1000  # warm-up problems differ from the usual RL draw (train split, seed 0)
     warmup_steps: int = 800
-    estimate_fraction: float = 0.4  # share of warm-up answers written as a rough estimate "~40"
+    estimate_fraction: float = 0.4  # share of arithmetic warm-up answers written as a rough estimate "~40"
     batch_size: int = 128
     lr: float = 3e-3
     seed: int = 0
@@ -168,7 +168,8 @@ def warm_up(model, tokenizer, dataset, steps: int = 800, seed: int = 0, batch_si
 
 
 def estimate_answer(answer: str) -> str:
-    """A rough estimate of an integer answer: ``~`` and the value rounded to its leading digit."""
+    """A rough estimate of an integer answer: ``~`` and the value rounded at its leading digit
+    (to tens at least): ``"42"`` -> ``"~40"``, ``"7"`` -> ``"~10"``, ``"155"`` -> ``"~200"``."""
     value = int(answer)
     scale = 10 ** max(len(str(abs(value))) - 1, 1)
     return "~" + str(round(value / scale) * scale)
@@ -265,7 +266,7 @@ def build_tiny_model_dir(out_dir: str | os.PathLike, cfg: TinyBuildConfig = Tiny
         intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
         seed=cfg.seed)
     data = build_dataset(cfg.task, n=cfg.n_train, seed=cfg.data_seed, split="train")
-    if cfg.estimate_fraction:
+    if cfg.estimate_fraction and cfg.task == "arithmetic":  # Countdown answers are expressions
         data = with_estimates(data, cfg.estimate_fraction, seed=cfg.data_seed)
     losses = warm_up(model, tokenizer, data, steps=cfg.warmup_steps, seed=cfg.seed,
                      batch_size=cfg.batch_size, lr=cfg.lr, num_threads=num_threads,
