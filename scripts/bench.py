@@ -316,6 +316,13 @@ def plots(runs, rows, methods, out_dir, opts):
     import numpy as np
 
     paths = {}
+
+    def save(fig, key, fname):
+        fig.tight_layout()
+        paths[key] = os.path.join(out_dir, fname)
+        fig.savefig(paths[key], dpi=120)
+        plt.close(fig)
+
     # one colour and line style per method everywhere (matplotlib's 10-colour cycle would repeat)
     style = {m: dict(label=METHODS[m][0], color=plt.get_cmap("tab10")(i % 10), ls="-" if i < 10 else "--")
              for i, m in enumerate(METHODS)}
@@ -339,10 +346,7 @@ def plots(runs, rows, methods, out_dir, opts):
         ax.set_title(f"{title} (seed {seed0})")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-        fig.tight_layout()
-        paths[key] = os.path.join(out_dir, fname)
-        fig.savefig(paths[key], dpi=120)
-        plt.close(fig)
+        save(fig, key, fname)
 
     for key, fname, ylabel, scale in (("responses_per_eff", "responses_per_effective_group.png",
                                        "responses per effective group", 1.0),
@@ -357,16 +361,7 @@ def plots(runs, rows, methods, out_dir, opts):
         ax.set_ylabel(ylabel)
         ax.set_title(f"{ylabel} by method ({rows[ms[0]]['runs'] if ms else 0} seed(s))")
         ax.grid(axis="y", alpha=0.3)
-        fig.tight_layout()
-        paths[key] = os.path.join(out_dir, fname)
-        fig.savefig(paths[key], dpi=120)
-        plt.close(fig)
-
-    def save(fig, key, fname):
-        fig.tight_layout()
-        paths[key] = os.path.join(out_dir, fname)
-        fig.savefig(paths[key], dpi=120)
-        plt.close(fig)
+        save(fig, key, fname)
 
     # selection lift by predicted-success bin, mean over seeds
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -387,13 +382,12 @@ def plots(runs, rows, methods, out_dir, opts):
     fig, ax = plt.subplots(figsize=(6, 5))
     for m in methods:
         pts = [b for r in runs if r["method"] == m for b in r["selection"]["variance"]]
-        if pts:
-            q = np.array([b["q_hat"] for b in pts])
-            v = np.array([b["observed"] for b in pts])
-            w = np.array([b["groups"] for b in pts], float)
-            bins = np.clip((q / 0.05).astype(int), 0, 4)
-            xs = [np.average(q[bins == b], weights=w[bins == b]) for b in range(5) if (bins == b).any()]
-            ys = [np.average(v[bins == b], weights=w[bins == b]) for b in range(5) if (bins == b).any()]
+        by_bin = {}  # the observer's q̂ bins, pooled over seeds and weighted by groups
+        for b in pts:
+            by_bin.setdefault(b["bin"], []).append(b)
+        xs = [np.average([b["q_hat"] for b in bs], weights=[b["groups"] for b in bs]) for _, bs in sorted(by_bin.items())]
+        ys = [np.average([b["observed"] for b in bs], weights=[b["groups"] for b in bs]) for _, bs in sorted(by_bin.items())]
+        if xs:
             ax.plot(xs, ys, marker="o", **style[m])
     ax.plot([0, 0.25], [0, 0.25], "k--", lw=0.8, label="calibrated")
     ax.set(xlabel="q̂ before the round (eq. 6)", ylabel="observed within-group variance",
@@ -416,6 +410,20 @@ def plots(runs, rows, methods, out_dir, opts):
     return paths
 
 
+def load_earlier_run(path):
+    """A finished run's bench.json, or a SystemExit naming what is wrong with it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            earlier = json.load(f)
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or not JSON
+        raise SystemExit(f"--from_json {path!r}: cannot read it as a bench.json ({exc})") from None
+    missing = [k for k in ("runs", "settings", "model_dir") if k not in earlier]
+    if missing or any("bin" not in v for r in earlier["runs"] for v in r.get("selection", {"variance": [{}]})["variance"]):
+        raise SystemExit(f"--from_json {path!r}: not a bench.json of this version of scripts/bench.py (missing "
+                         f"{missing or ['per-run selection figures']}); re-run the benchmark")
+    return earlier
+
+
 def main(argv=None):
     opts = parse_args(argv)
     quiet()
@@ -432,7 +440,7 @@ def main(argv=None):
     if opts.threads:
         torch.set_num_threads(opts.threads)
     t_all = time.perf_counter()
-    model_dir = get_tiny_model_dir(task="arithmetic")
+    model_dir = load_earlier_run(opts.from_json)["model_dir"] if opts.from_json else get_tiny_model_dir(task="arithmetic")
     reward = reward_for_dataset("builtin:arithmetic")
     methods = list(opts.methods)
     if "random_matched" in methods and "cero" not in methods:
@@ -445,9 +453,8 @@ def main(argv=None):
 
     runs, starts = [], []
     if opts.from_json:
-        with open(opts.from_json, encoding="utf-8") as f:
-            earlier = json.load(f)
-        runs, starts = earlier["runs"], earlier["start_runs"]
+        earlier = load_earlier_run(opts.from_json)
+        runs, starts = earlier["runs"], earlier.get("start_runs", [])
         for key in ("seeds", "rounds", "budget", "batch", "num_generations", "max_completion_length", "num_prompts",
                     "eval_prompts", "eval_k", "quick"):
             setattr(opts, key, earlier["settings"][key])

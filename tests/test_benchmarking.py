@@ -42,6 +42,8 @@ def test_qhat_tracks_the_observed_group_variance():
     fig = selection_figures(_simulate(lambda m, t, rng: rng.choice(300, 40, replace=False), p, rounds=60), 300)
     bins = fig["variance"]
     assert len(bins) >= 4 and sum(b["groups"] for b in bins) > 1500
+    assert [b["bin"] for b in bins] == sorted(b["bin"] for b in bins)
+    assert all(0.05 * b["bin"] <= b["q_hat"] <= 0.05 * (b["bin"] + 1) for b in bins)  # 5 bins of [0, 1/4]
     observed = [b["observed"] for b in bins]
     assert observed == sorted(observed)  # more predicted variation, more observed variation
     for b in bins[1:]:  # the unbiased sample variance has expectation E[P(1-P)] = q̂ under the posterior

@@ -149,6 +149,8 @@ def test_warm_up_estimates():
     assert 0.35 < sum(a.startswith("~") for a in noisy["answer"]) / 2000 < 0.45
     assert noisy["answer"] == with_estimates(data, 0.4, seed=3)["answer"]  # deterministic
     assert noisy["prompt"] == data["prompt"]
+    with pytest.raises(ValueError, match="estimate_fraction"):
+        with_estimates(data, 1.5)
 
 
 # ---------------------------------------------------------------- tiny model
@@ -271,6 +273,15 @@ def test_bench_quick_writes_table_json_and_plots(tiny_dir, tmp_path):
     for name in ("egr_vs_budget", "pacing_gap", "responses_per_effective_group", "heldout_avg_at_k",
                  "selection_lift", "qhat_vs_variance"):
         assert (out / f"{name}.png").stat().st_size > 1000
+    # --from_json re-draws the same table and plots without training; a file that is not a bench.json is named
+    redo = tmp_path / "redo"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--from_json", str(out / "bench.json"),
+                           "--output_dir", str(redo)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (redo / "bench.md").read_text() == table and (redo / "selection_lift.png").exists()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--from_json", str(out / "egr_vs_budget.png"),
+                           "--output_dir", str(redo)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "cannot read it as a bench.json" in proc.stderr
 
 
 def test_countdown_tiny_model_builds_without_estimates(tmp_path):

@@ -121,7 +121,7 @@ def selection_figures(rounds, num_prompts, bins=5, variance_bins=5):
     prompt (eq. 5, no forgetting) fed every observed reward (success = reward > 0.5).
 
     Returns `lift` (per predicted-success bin of [0, 1]: the chosen prompts' share over the pool's
-    share, 1 = no preference) and `variance` (per q̂ bin of [0, 1/4]: mean q̂ (eq. 6) and the mean
+    share, 1 = no preference) and `variance` (per q̂ bin of [0, 1/4], by bin index: mean q̂ (eq. 6) and the mean
     observed within-group sample variance of groups of >= 2 responses; a calibrated q̂ matches it).
     Only prompts observed before a round count: an unseen prompt's prior mean 0.5 says nothing.
     """
@@ -156,7 +156,7 @@ def selection_figures(rounds, num_prompts, bins=5, variance_bins=5):
     q_pred, var_obs = np.asarray(q_pred), np.asarray(var_obs)
     q_edges = np.linspace(0.0, 0.25, variance_bins + 1)
     which = np.clip(np.digitize(q_pred, q_edges) - 1, 0, variance_bins - 1)
-    variance = [{"q_hat": float(q_pred[which == b].mean()), "observed": float(var_obs[which == b].mean()),
+    variance = [{"bin": b, "q_hat": float(q_pred[which == b].mean()), "observed": float(var_obs[which == b].mean()),
                  "groups": int((which == b).sum())} for b in range(variance_bins) if (which == b).any()]
     return {"lift": lift.tolist(), "lift_edges": edges.tolist(), "chosen_per_bin": chosen.tolist(),
             "variance": variance}

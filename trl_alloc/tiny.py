@@ -179,6 +179,8 @@ def with_estimates(dataset, fraction: float, seed: int = 0):
     """``dataset`` with a fixed random ``fraction`` of its answers replaced by ``estimate_answer``."""
     import random
 
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"`estimate_fraction` must lie in [0, 1] (a share of the warm-up answers), got {fraction}.")
     rng = random.Random(f"estimates:{seed}")
     return dataset.map(lambda row: {"answer": estimate_answer(row["answer"]) if rng.random() < fraction
                                     else row["answer"]})
