@@ -25,7 +25,13 @@ class ScriptArguments:
     dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split used as the prompt pool."})
     dataset_test_split: str | None = field(default="test", metadata={
-        "help": "Held-out split for accuracy before/after training (None to skip)."})
+        "help": "Held-out split for accuracy before/after training (None to skip). A local file has no splits: "
+        "see --test_dataset_name and --test_fraction."})
+    test_dataset_name: str | None = field(default=None, metadata={
+        "help": "A separate held-out set: a local .jsonl/.json/.parquet/.csv file or a Hub dataset."})
+    test_fraction: float = field(default=0.1, metadata={
+        "help": "Without a test split or --test_dataset_name: hold out this seeded fraction of the training rows "
+        "(removed from the pool). 0 skips the evaluation."})
     prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt."})
     answer_column: str = field(default="answer", metadata={"help": "Column holding the reference answer."})
     reward: str = field(default="auto", metadata={
@@ -52,12 +58,31 @@ def pick_config_class(argv):
     return AllocDAPOConfig if algorithm == "dapo" else AllocGRPOConfig
 
 
-def held_out_accuracy(model, tokenizer, dataset, script_args, training_args, reward_fn):
-    from trl_alloc.tiny import evaluate_accuracy
-    acc = evaluate_accuracy(model, tokenizer, dataset, num_samples=script_args.eval_samples,
-                            temperature=training_args.temperature, max_new_tokens=training_args.max_completion_length,
-                            reward_fn=reward_fn, seed=training_args.seed)
-    return acc.mean
+def held_out_accuracy(model, tokenizer, dataset, script_args, training_args, reward_fn, output_dir=None):
+    """avg@1 of `eval_samples` samples per held-out prompt, tokenized as the trainer does (chat template
+    for conversational prompts, the tokenizer's special tokens); samples go to `output_dir`."""
+    from trl_alloc.evaluation import TransformersBackend, answer_spec, evaluate, write_outputs
+    task = reward_fn.__name__.removesuffix("_reward")
+    result = evaluate(TransformersBackend(model, tokenizer), tokenizer, dataset, reward_fn,
+                      answer_spec(task if task in ("arithmetic", "countdown") else "math"), ks=(1,),
+                      num_samples=script_args.eval_samples, temperature=training_args.temperature,
+                      max_new_tokens=training_args.max_completion_length, seed=training_args.seed, progress=False)
+    if output_dir:
+        write_outputs(result, output_dir)
+    return result.metrics[1]["avg"]
+
+
+def check_before_loading(training_args, num_prompts):
+    """The budget and round checks that need only the dataset size, before the model loads."""
+    from trl_alloc.allocation_factory import resolve_num_rounds
+    training_args.check_budget(resolve_num_rounds(training_args, num_prompts))
+
+
+def resume_argument(value):
+    """`--resume_from_checkpoint True` means the latest checkpoint in output_dir, as in TRL's scripts."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
 
 
 def main():
@@ -68,7 +93,7 @@ def main():
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_alloc.data import load_prompt_dataset, reward_for_dataset
+    from trl_alloc.data import load_train_and_test, reward_for_dataset
     from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer
 
     state = PartialState()
@@ -84,13 +109,18 @@ def main():
     data_kw = dict(config=script_args.dataset_config, prompt_column=script_args.prompt_column,
                    answer_column=script_args.answer_column, seed=training_args.seed,
                    levels=tuple(script_args.builtin_levels) if script_args.builtin_levels else None)
-    train = load_prompt_dataset(script_args.dataset_name, script_args.dataset_train_split,
-                                num_builtin=script_args.num_builtin_prompts, **data_kw)
-    test = None
-    if script_args.dataset_test_split and script_args.eval_samples > 0:
-        test = load_prompt_dataset(script_args.dataset_name, script_args.dataset_test_split,
-                                   num_builtin=script_args.num_eval_prompts, **data_kw)
-        test = test.select(range(min(len(test), script_args.num_eval_prompts)))
+    evaluate_held_out = script_args.eval_samples > 0
+    splits = load_train_and_test(
+        script_args.dataset_name, script_args.dataset_train_split,
+        script_args.dataset_test_split if evaluate_held_out else None,
+        test_name=script_args.test_dataset_name if evaluate_held_out else None,
+        test_fraction=script_args.test_fraction, num_test=script_args.num_eval_prompts,
+        num_builtin=script_args.num_builtin_prompts, **data_kw)
+    train, test = splits.train, splits.test
+    if state.is_main_process:
+        print(f"[trl-alloc] prompt pool: {len(train)} rows of {script_args.dataset_name}; held-out: "
+              + (f"{len(test)} prompts, {splits.test_source}" if test is not None else splits.test_source))
+    check_before_loading(training_args, len(train))
     reward_fn = reward_for_dataset(script_args.dataset_name, script_args.reward)
 
     dtype = model_args.dtype if model_args.dtype in ("auto", None) else getattr(__import__("torch"), model_args.dtype)
@@ -102,21 +132,25 @@ def main():
 
     before = None
     if test is not None and state.is_main_process:
-        before = held_out_accuracy(model, tokenizer, test, script_args, training_args, reward_fn)
+        before = held_out_accuracy(model, tokenizer, test, script_args, training_args, reward_fn,
+                                   os.path.join(training_args.output_dir, "eval", "before"))
         print(f"[trl-alloc] held-out accuracy before training: {before:.4f} "
               f"({len(test)} prompts × {script_args.eval_samples} samples)")
     trainer_class = AllocDAPOTrainer if config_class.__name__ == "AllocDAPOConfig" else AllocGRPOTrainer
     trainer = trainer_class(model=model, reward_funcs=reward_fn, args=training_args, train_dataset=train,
                             processing_class=tokenizer, peft_config=get_peft_config(model_args))
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     trainer.save_model(training_args.output_dir)
 
     if state.is_main_process:
         summary = getattr(trainer, "allocation_summary", None) or trainer.write_allocation_report()
         if test is not None:
             after = held_out_accuracy(trainer.accelerator.unwrap_model(trainer.model), tokenizer, test,
-                                      script_args, training_args, reward_fn)
-            summary.update({"held_out_accuracy_before": before, "held_out_accuracy_after": after})
+                                      script_args, training_args, reward_fn,
+                                      os.path.join(training_args.output_dir, "eval", "after"))
+            summary.update({"held_out_accuracy_before": before, "held_out_accuracy_after": after,
+                            "held_out_split": splits.test_source, "held_out_prompts": len(test),
+                            "held_out_samples": script_args.eval_samples})
             print(f"[trl-alloc] held-out accuracy after training:  {after:.4f} (before {before:.4f}, "
                   f"{after - before:+.4f})")
             with open(os.path.join(training_args.output_dir, "allocation", "summary.json"), encoding="utf-8") as f:

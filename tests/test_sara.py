@@ -168,11 +168,19 @@ def test_bad_arguments(kwargs, match):
         SARAFiller(**kwargs)
 
 
+def test_unscored_rewards_are_spent_but_neither_success_nor_failure():
+    rnd = SARAFiller().start_round(np.arange(4), target_groups=2)
+    ids, counts = rnd.requests()
+    rnd.observe([np.array([np.nan, 1.0])] + [np.zeros(n) for n in counts[1:]])
+    s, f, spent = rnd.outcomes(4)
+    pid = int(ids[0])
+    assert (s[pid], f[pid], spent[pid]) == (1, 0, 2)
+    assert rnd.unscored == {pid: 1} and rnd.stats()["unscored"] == 1 and rnd.spent == int(counts.sum())
+
+
 def test_bad_rewards_are_rejected():
     rnd = SARAFiller().start_round(np.arange(4), target_groups=2)
     ids, counts = rnd.requests()
-    with pytest.raises(ValueError, match="NaN"):
-        rnd.observe([np.array([np.nan, 1.0])] + [np.zeros(n) for n in counts[1:]])
     with pytest.raises(ValueError, match="rewards"):
         rnd.observe([np.zeros(1)])
     with pytest.raises(ValueError, match="s <= n <= k"):

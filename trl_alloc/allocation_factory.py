@@ -4,6 +4,7 @@ Kept apart from the trainer so simulators and scripts can drive the same pipelin
 """
 
 import json
+import math
 
 import numpy as np
 
@@ -13,12 +14,18 @@ from .config import CERO_FAMILY
 
 
 def resolve_num_rounds(args, num_prompts):
-    """K: `num_rounds`, else `max_steps`, else the optimizer steps stock GRPO takes for the epochs."""
+    """K: `num_rounds`, else the rounds `max_steps` optimizer steps take, else the rounds of stock GRPO.
+
+    Stock GRPO's RepeatSampler drops the last incomplete batch of prompts each epoch, so it takes
+    ceil(epochs × floor(N / P) × steps_per_round) optimizer steps, P = generation_batch_size / k.
+    """
+    per_round = args.steps_per_round
     if args.num_rounds is not None:
         return int(args.num_rounds)
     if args.max_steps and args.max_steps > 0:
-        return int(args.max_steps)
-    return max(1, int(np.ceil(args.num_train_epochs * num_prompts / args.nominal_prompts_per_round)))
+        return math.ceil(args.max_steps / per_round)
+    stock_steps = math.ceil(args.num_train_epochs * (num_prompts // args.nominal_prompts_per_round) * per_round)
+    return max(1, math.ceil(stock_steps / per_round))
 
 
 def build_pacer(args, num_prompts, num_rounds):

@@ -118,7 +118,7 @@ class RoundRecorder:
 
 def selection_figures(rounds, num_prompts, bins=5, variance_bins=5):
     """How a run chose prompts, judged by one method-independent observer: a Beta(1, 1) state per
-    prompt (eq. 5, no forgetting) fed every observed reward (success = reward > 0.5).
+    prompt (eq. 5, no forgetting) fed every observed reward (`allocation.is_success`: reward >= 0.5).
 
     Returns `lift` (per predicted-success bin of [0, 1]: the chosen prompts' share over the pool's
     share, 1 = no preference) and `variance` (per q̂ bin of [0, 1/4], by bin index: mean q̂ (eq. 6) and the mean
@@ -128,6 +128,7 @@ def selection_figures(rounds, num_prompts, bins=5, variance_bins=5):
     import numpy as np
 
     from .allocation import BetaState
+    from .allocation.base import is_success
 
     beta = BetaState(num_prompts)
     seen = np.zeros(num_prompts, bool)
@@ -142,7 +143,7 @@ def selection_figures(rounds, num_prompts, bins=5, variance_bins=5):
             chosen += np.histogram(mean[ids], edges)[0]
         succ, fail = np.zeros(num_prompts, np.int64), np.zeros(num_prompts, np.int64)
         for pid, rewards in groups.items():
-            wins = np.asarray(rewards) > 0.5
+            wins = is_success(rewards)
             succ[pid] += wins.sum()
             fail[pid] += wins.size - wins.sum()
             if seen[pid] and wins.size >= 2:

@@ -5,6 +5,7 @@ the sampling pipeline; the rest are the stages' hyperparameters (SPEC §2, §3, 
 """
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -21,10 +22,10 @@ CAPACITY_HEADROOM = 33 / 32
 class AllocGRPOConfig(GRPOConfig):
     r"""GRPOConfig plus the rollout-allocation pipeline.
 
-    The training dataset is the prompt pool. Each optimizer step runs one round: the pacer admits
-    prompts, the filler turns them into generation requests, and only the round's committed groups
-    reach the loss. `gradient_accumulation_steps` splits a round's responses into that many
-    micro-batches (the number of responses per round varies, so `per_device_train_batch_size` only
+    The training dataset is the prompt pool. Each round the pacer admits prompts, the filler turns
+    them into generation requests, and only the round's committed groups reach the loss, over
+    `steps_per_round` optimizer steps (`steps_per_generation` micro-batches, each seen
+    `num_iterations` times). The responses per round vary, so `per_device_train_batch_size` only
     sets TRL's nominal batch, `generation_batch_size`, from which the defaults below derive).
     """
 
@@ -44,11 +45,22 @@ class AllocGRPOConfig(GRPOConfig):
         "help": "Global budget in responses for the whole run (probes, abandoned and pruned responses included). "
         "None = num_rounds × generation_batch_size (the responses stock GRPO would generate)."})
     num_rounds: int | None = field(default=None, metadata={
-        "help": "Scheduler rounds K (= optimizer steps). None = `max_steps` if set, else the steps stock GRPO would "
-        "take for `num_train_epochs` over the dataset."})
+        "help": "Scheduler rounds K, the horizon the budget is paced over (one generation batch and `steps_per_round` "
+        "optimizer steps each). None = the rounds `max_steps` takes if set, else the steps stock GRPO would take for "
+        "`num_train_epochs` over the dataset. A `max_steps` below K × steps_per_round stops the run early."})
     prompts_per_round: int | None = field(default=None, metadata={
         "help": "Prompts per round for pacing='uniform'/'knapsack'. None = generation_batch_size // num_generations "
         "(stock GRPO)."})
+    success_reward_funcs: list[str] | None = field(default=None, metadata={
+        "help": "Names of the reward functions whose unweighted sum is a response's success score (what the "
+        "allocators count as a success). None = trl-alloc's verifiers among the reward functions (math, arithmetic, "
+        "countdown), else the first reward function."})
+    success_threshold: float = field(default=0.5, metadata={
+        "help": "A response succeeds when its success score is >= this (0.5 for 0/1 verifiers; e.g. 0 for rewards "
+        "in {-1, 1})."})
+    no_signal_warning_rounds: int = field(default=5, metadata={
+        "help": "Warn after this many rounds in a row without one mixed group (nothing is trained), naming the "
+        "likely cause."})
     allocation_seed: int | None = field(default=None, metadata={
         "help": "Seed of the allocator's own randomness (tie-breaking permutations, epoch orders). None = `seed`."})
 
@@ -80,8 +92,9 @@ class AllocGRPOConfig(GRPOConfig):
         "help": "Groups a SARA / dynamic-sampling round tries to commit (B). None = the number of prompts the pacer "
         "admitted this round."})
     probe: int = field(default=2, metadata={"help": "SARA probe size n0 (first rollouts per prompt)."})
-    tau_low: float = field(default=0.45, metadata={
-        "help": "SARA abandonment threshold: abandon a prompt when P(group ends mixed) < tau_low."})
+    tau_low: float | str | None = field(default=0.45, metadata={
+        "help": "SARA abandonment threshold: abandon a prompt when P(group ends mixed) < tau_low; a number in (0, 1) "
+        "or 'auto' (the break-even threshold from the measured yield, docs/allocation.md)."})
     commit_min: int | None = field(default=None, metadata={
         "help": "SARA commits a mixed group once it has this many responses. None = num_generations (k)."})
     sara_safety_factor: int = field(default=6, metadata={
@@ -123,13 +136,11 @@ class AllocGRPOConfig(GRPOConfig):
         _check_choice("filling", self.filling, FILLINGS)
         _check_choice("pruning", self.pruning, PRUNINGS)
         self._check_pruning()
-        if self.num_iterations != 1:
-            raise ValueError(f"`num_iterations` must be 1 (one round = one optimizer step), got {self.num_iterations}.")
-        if self.steps_per_generation != self.gradient_accumulation_steps:
+        self._check_types()
+        if self.steps_per_generation % self.gradient_accumulation_steps:
             raise ValueError(
-                f"one round is one optimizer step, so `steps_per_generation` ({self.steps_per_generation}) must equal "
-                f"`gradient_accumulation_steps` ({self.gradient_accumulation_steps}); set only "
-                "`gradient_accumulation_steps` (and leave `generation_batch_size` / `steps_per_generation` unset).")
+                f"a round is a whole number of optimizer steps, so `steps_per_generation` ({self.steps_per_generation}) "
+                f"must be a multiple of `gradient_accumulation_steps` ({self.gradient_accumulation_steps}).")
         k = self.num_generations
         if self.commit_min is None:
             self.commit_min = k
@@ -142,8 +153,8 @@ class AllocGRPOConfig(GRPOConfig):
         if self.commit_min > k:
             raise ValueError(f"`commit_min` ({self.commit_min}) must not exceed `num_generations` (k = {k}); lower "
                              "`commit_min` or raise `num_generations`.")
-        if not 0 < self.tau_low < 1:
-            raise ValueError(f"`tau_low` must lie in (0, 1), got {self.tau_low}.")
+        if self.tau_low != "auto" and not 0 < self.tau_low < 1:
+            raise ValueError(f"`tau_low` must lie in (0, 1) or be 'auto', got {self.tau_low}.")
         if not 0 < self.forgetting <= 1:
             raise ValueError(f"`forgetting` must lie in (0, 1], got {self.forgetting}.")
         if not (self.prior_alpha > 0 and self.prior_beta > 0):
@@ -173,11 +184,36 @@ class AllocGRPOConfig(GRPOConfig):
         if self.round_capacity is not None and self.round_capacity < self.max_units:
             raise ValueError(f"`round_capacity` ({self.round_capacity} units) is below one group (`max_units` = "
                              f"{self.max_units}); raise it to at least {self.max_units}.")
-        if self.num_rounds is not None and self.max_steps > 0 and self.max_steps != self.num_rounds:
-            raise ValueError(f"`max_steps` ({self.max_steps}) and `num_rounds` ({self.num_rounds}) disagree; one round "
-                             "is one optimizer step, so set only `num_rounds`.")
+        if self.num_rounds is not None and self.max_steps > self.num_rounds * self.steps_per_round:
+            raise ValueError(f"`max_steps` ({self.max_steps}) is more optimizer steps than `num_rounds` "
+                             f"({self.num_rounds}) rounds of {self.steps_per_round} step(s) take; raise `num_rounds` or "
+                             "lower `max_steps` (a smaller max_steps stops the run early).")
         if self.num_rounds is not None:
             self.check_budget(self.num_rounds)
+
+    def _check_types(self):
+        """Clear errors for values of the wrong type given through the Python API."""
+        for name in ("num_rounds", "rollout_budget", "prompts_per_round", "round_capacity", "target_groups",
+                     "unit_size", "max_units", "probe", "commit_min", "detect_length", "no_signal_warning_rounds"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__}).")
+        if isinstance(self.tau_low, str) and self.tau_low != "auto":
+            try:
+                self.tau_low = float(self.tau_low)  # from the command line or YAML
+            except ValueError:
+                raise ValueError(f"`tau_low` must be a number in (0, 1) or 'auto', got {self.tau_low!r}.") from None
+        if self.tau_low is None or isinstance(self.tau_low, bool) or not isinstance(self.tau_low, (numbers.Real, str)):
+            raise TypeError(f"`tau_low` must be a number in (0, 1) or 'auto', got {self.tau_low!r}.")
+        for name in ("success_threshold", "tau_low", "keep_ratio", "learning_rate"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) and value != "auto":
+                raise TypeError(f"`{name}` must be a number, got {value!r} ({type(value).__name__}).")
+
+    @property
+    def steps_per_round(self):
+        """Optimizer steps per round: steps_per_generation / gradient_accumulation_steps × num_iterations."""
+        return self.steps_per_generation // self.gradient_accumulation_steps * self.num_iterations
 
     def _check_pruning(self):
         for name, lo in (("detect_length", 1), ("head_hidden_size", 1), ("calibration_bins", 1),

@@ -1,9 +1,16 @@
 """Datasets and reward functions for `scripts/train.py`: a Hub name, a local jsonl/json/parquet/csv
-file, or a built-in synthetic task (`builtin:arithmetic`, `builtin:countdown`)."""
+file, or a built-in synthetic task (`builtin:arithmetic`, `builtin:countdown`).
+
+`load_train_and_test` also picks the held-out split honestly: a given test file or split, else a
+seeded, disjoint fraction of the training rows. Test rows whose prompt is also a training prompt
+are dropped, so accuracy is never measured on prompts the policy trained on.
+"""
 
 import functools
+import json
 import math
 import os
+from typing import NamedTuple
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -11,9 +18,8 @@ LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv
 def load_prompt_dataset(name, split="train", config=None, prompt_column="prompt", answer_column="answer",
                         num_builtin=2000, seed=0, levels=None):
     """The prompt pool with `prompt` and `answer` columns (renamed from the given ones); `levels`
-    restricts a built-in task to those difficulty levels."""
-    from datasets import load_dataset
-
+    restricts a built-in task to those difficulty levels. A local file is read whole (`split` only
+    names it)."""
     if name.startswith("builtin:"):
         from .tasks import TASKS, build_dataset
         task = name.split(":", 1)[1]
@@ -21,13 +27,52 @@ def load_prompt_dataset(name, split="train", config=None, prompt_column="prompt"
             raise ValueError(f"unknown built-in task {task!r} in dataset_name={name!r}; choose one of "
                              + ", ".join(f"builtin:{t}" for t in TASKS) + ".")
         ds = build_dataset(task, n=num_builtin, seed=seed, split=split, levels=levels)
-    elif os.path.splitext(name)[1] in LOCAL_FORMATS:
-        if not os.path.isfile(name):
-            raise FileNotFoundError(f"dataset file {name!r} does not exist; give a path to a .jsonl/.json/.parquet/"
-                                    ".csv file, a Hub dataset name, or builtin:arithmetic.")
-        ds = load_dataset(LOCAL_FORMATS[os.path.splitext(name)[1]], data_files={split: name}, split=split)
+    elif is_local_file(name):
+        ds = _load_local_file(name)
     else:
+        from datasets import load_dataset
         ds = load_dataset(name, config, split=split)
+    return _standardise(ds, name, split, prompt_column, answer_column)
+
+
+def is_local_file(name):
+    return os.path.splitext(name)[1] in LOCAL_FORMATS
+
+
+def _load_local_file(path):
+    from datasets import load_dataset
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"dataset file {path!r} does not exist; give a path to a .jsonl/.json/.parquet/"
+                                ".csv file, a Hub dataset name, or builtin:arithmetic.")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"dataset file {path!r} is empty; it needs one row per prompt (with 'prompt' and "
+                         "'answer' columns).")
+    try:
+        return load_dataset(LOCAL_FORMATS[os.path.splitext(path)[1]], data_files={"train": path}, split="train")
+    except Exception as exc:  # datasets wraps the parser's error without the file or line
+        where = _first_bad_json_line(path) if path.endswith(".jsonl") else None
+        detail = where or f"{type(exc).__name__}: {exc.__cause__ or exc}"
+        raise ValueError(f"dataset file {path!r} could not be read: {detail}. Fix the file (one JSON object "
+                         "per line for .jsonl) and run again.") from exc
+
+
+def _first_bad_json_line(path):
+    """'line N: what is wrong' for the first line of a .jsonl file that is not a JSON object, or None."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                return f"line {number} is not valid JSON ({exc.msg} at column {exc.colno})"
+            if not isinstance(row, dict):
+                return f"line {number} is a JSON {type(row).__name__}, not an object with 'prompt' and 'answer'"
+    return None
+
+
+def _standardise(ds, name, split, prompt_column, answer_column):
     missing = [c for c in (prompt_column, answer_column) if c not in ds.column_names]
     if missing:
         raise ValueError(f"dataset {name!r} ({split}) has no column {missing[0]!r}; its columns are "
@@ -44,28 +89,110 @@ def load_prompt_dataset(name, split="train", config=None, prompt_column="prompt"
     return ds
 
 
+class Splits(NamedTuple):
+    train: object
+    test: object  # None when no evaluation is asked for
+    test_source: str  # what the held-out rows are, in words (summary.json and the model card)
+
+
+def load_train_and_test(name, train_split="train", test_split="test", test_name=None, test_fraction=0.1,
+                        num_test=None, num_builtin=2000, seed=0, **kw):
+    """The prompt pool and a held-out set that shares no prompt with it.
+
+    The held-out rows are, in order of preference: `test_name` (a file or Hub dataset, its
+    `test_split` for a Hub dataset); the dataset's own `test_split`; else a seeded `test_fraction`
+    of the training rows, removed from the pool. `test_split=None` (or `test_fraction=0` where a
+    hold-out would be needed) skips evaluation. `num_test` caps the held-out rows.
+    """
+    builtin = name.startswith("builtin:")
+    train = load_prompt_dataset(name, train_split, num_builtin=num_builtin, seed=seed, **kw)
+    if test_split is None and test_name is None:
+        return Splits(train, None, "none")
+    if test_name is not None:
+        test = load_prompt_dataset(test_name, test_split or "test", num_builtin=num_test or num_builtin,
+                                   seed=seed, **kw)
+        source = f"{test_name}" + ("" if is_local_file(test_name) else f" ({test_split} split)")
+    elif builtin:
+        test = load_prompt_dataset(name, "test", num_builtin=num_test or num_builtin, seed=seed, **kw)
+        source = f"{name} test split (disjoint from train by construction)"
+    else:
+        test = None if is_local_file(name) else _hub_split_or_none(name, test_split, seed=seed, **kw)
+        source = f"{name} ({test_split} split)"
+        if test is None:
+            if not 0 <= test_fraction < 1:
+                raise ValueError(f"`test_fraction` must lie in [0, 1), got {test_fraction}.")
+            if test_fraction == 0:
+                return Splits(train, None, "none (no test split and test_fraction=0)")
+            if len(train) < 2:
+                raise ValueError(f"dataset {name!r} has {len(train)} row: too few to hold out a test set; give "
+                                 "--test_dataset_name or set --eval_samples 0.")
+            parts = train.train_test_split(test_size=test_fraction, seed=seed, shuffle=True)
+            train, test = parts["train"], parts["test"]
+            source = (f"{len(test)} rows held out of {name} ({test_fraction:.0%}, seed {seed}); the pool is the "
+                      f"other {len(train)}")
+    test = drop_training_prompts(test, train)
+    if len(test) == 0:
+        raise ValueError(f"every held-out prompt of {source} is also a training prompt; give a separate test set "
+                         "with --test_dataset_name.")
+    if num_test is not None:
+        test = test.select(range(min(len(test), int(num_test))))
+    return Splits(train, test, source)
+
+
+def _hub_split_or_none(name, split, seed=0, **kw):
+    try:
+        return load_prompt_dataset(name, split, seed=seed, **kw)
+    except ValueError as exc:  # datasets: "Unknown split ..."
+        if "split" in str(exc).lower():
+            return None
+        raise
+
+
+def prompt_key(prompt):
+    """A hashable key of a prompt (plain text or a list of chat messages)."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
+def drop_training_prompts(test, train):
+    """`test` without the rows whose prompt is also in `train`."""
+    seen = {prompt_key(p) for p in train["prompt"]}
+    keep = [i for i, p in enumerate(test["prompt"]) if prompt_key(p) not in seen]
+    return test if len(keep) == len(test) else test.select(keep)
+
+
 def checked_reward(fn):
-    """Wrap a TRL reward function so a raise or a None/NaN for a sample names the function and the sample."""
+    """Wrap a TRL reward function so a raise, or an output that is not one value per completion,
+    names the function and the sample. None or NaN for a sample is TRL's "no score" and passes."""
     name = getattr(fn, "__name__", type(fn).__name__)
 
     @functools.wraps(fn)
-    def wrapper(prompts, completions, **kwargs):
+    def wrapper(*args, **kwargs):  # TRL passes prompts= and completions= by keyword
+        prompts = kwargs.get("prompts", args[0] if args else None)
+        completions = kwargs.get("completions", args[1] if len(args) > 1 else None)
         try:
-            out = fn(prompts, completions, **kwargs)
+            out = fn(*args, **kwargs)
         except Exception as exc:
+            first = prompts[0] if prompts else None
             raise RuntimeError(f"reward function {name!r} raised {type(exc).__name__}: {exc} (first prompt of the "
-                               f"batch: {prompts[0]!r}); fix the function or the dataset row.") from exc
-        if out is None or len(out) != len(completions):
-            raise ValueError(f"reward function {name!r} must return one float per completion "
-                             f"({len(completions)}), got {None if out is None else len(out)}.")
-        for i, value in enumerate(out):
-            if value is None or (isinstance(value, float) and math.isnan(value)):
-                raise ValueError(f"reward function {name!r} returned {value!r} for sample {i} (prompt "
-                                 f"{prompts[i]!r}, completion {completions[i]!r}); every sample needs a number.")
+                               f"batch: {first!r}); fix the function or the dataset row.") from exc
+        check_reward_output(name, out, completions)
         return out
 
     wrapper.__name__ = name
+    wrapper.trl_alloc_checked = True
     return wrapper
+
+
+def check_reward_output(name, out, completions):
+    """Raise a clear error unless `out` is one number (or None/NaN: unscored) per completion."""
+    if out is None or not hasattr(out, "__len__") or len(out) != len(completions):
+        got = "None" if out is None else (f"{len(out)} values" if hasattr(out, "__len__") else type(out).__name__)
+        raise ValueError(f"reward function {name!r} must return a list of one float per completion "
+                         f"({len(completions)}), got {got}; return None (or NaN) for a sample it cannot score.")
+    for i, value in enumerate(out):
+        if value is not None and not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+            raise ValueError(f"reward function {name!r} returned {value!r} for sample {i}; rewards are floats "
+                             "(or None for a sample it cannot score).")
 
 
 def reward_for_dataset(name, reward="auto"):

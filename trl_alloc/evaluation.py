@@ -42,6 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .allocation.arrol import rank_weights, weighted_majority_vote
+from .allocation.base import SUCCESS_THRESHOLD, is_success
 from .rewards import completion_text, extract_countdown_expression, extract_int
 
 __all__ = [
@@ -133,7 +134,7 @@ def maj_at_k(correct, groups, k: int, scores=None) -> float:
     return float(np.mean(outcomes))
 
 
-def compute_metrics(rewards, groups, ks, scores=None, threshold: float = 0.5) -> dict[int, dict[str, float]]:
+def compute_metrics(rewards, groups, ks, scores=None, threshold: float = SUCCESS_THRESHOLD) -> dict[int, dict[str, float]]:
     """Dataset-level metrics per k: ``{k: {"avg": ..., "pass": ..., "maj": ..., ["head_maj": ...]}}``.
 
     ``rewards``: (P, n) rewards; ``groups``: P lists of n group ids; ``scores``: optional (P, n)
@@ -143,7 +144,7 @@ def compute_metrics(rewards, groups, ks, scores=None, threshold: float = 0.5) ->
     if r.ndim != 2 or r.shape[0] == 0:
         raise ValueError(f"`rewards` must be a non-empty (num_prompts, n) array, got shape {r.shape}.")
     P, n = r.shape
-    correct = r >= threshold
+    correct = is_success(r, threshold)
     out = {}
     for k in sorted({int(k) for k in ks}):
         if not 1 <= k <= n:
@@ -462,7 +463,7 @@ class EvalResult:
 
 
 def evaluate(backend, tokenizer, dataset, reward_fn, spec: AnswerSpec, ks=(1,), num_samples: int | None = None,
-             temperature: float = 1.0, max_new_tokens: int = 16, seed: int = 0, threshold: float = 0.5,
+             temperature: float = 1.0, max_new_tokens: int = 16, seed: int = 0, threshold: float = SUCCESS_THRESHOLD,
              score_fn=None, top_p: float = 1.0, top_k: int = 0, progress: bool = True,
              info: dict | None = None) -> EvalResult:
     """Sample ``num_samples`` (default ``max(ks)``) completions per prompt of ``dataset``, score
@@ -502,9 +503,9 @@ def evaluate(backend, tokenizer, dataset, reward_fn, spec: AnswerSpec, ks=(1,), 
         rec = {"prompt": prompts[p], "answer": golds[p], "completions": samples.texts[p],
                "rewards": rewards[p].tolist(),
                "answers": [None if a is None else spec.show(a) for a in answers[p]], "groups": groups[p],
-               "finish_reasons": samples.finish_reasons[p], "num_correct": int((rewards[p] >= threshold).sum()),
+               "finish_reasons": samples.finish_reasons[p], "num_correct": int(is_success(rewards[p], threshold).sum()),
                "majority_answer": None if i is None else spec.show(answers[p][i]),
-               "majority_correct": bool(i is not None and rewards[p][i] >= threshold)}
+               "majority_correct": bool(i is not None and is_success(rewards[p][i], threshold))}
         if scores is not None:
             j = vote(groups[p], rank_weights(scores[p]))
             rec["head_scores"] = scores[p].tolist()

@@ -49,7 +49,6 @@ from .allocation.arrol import ScoreCalibrator, accuracy, binary_auc, sample_surv
 
 HEAD_DIR = "quality_head"
 HEAD_OPTIMIZER_NAME = "quality_head_optimizer.pt"
-SUCCESS_THRESHOLD = 0.5  # reward > 0.5 is a positive label (= Round.success_threshold)
 
 
 class RolloutPruner:
@@ -141,8 +140,8 @@ class RolloutPruner:
                 # request's completed rollouts) minus the detect_length it did generate
                 ref = lengths.get(row["pid"]) or every
                 self._round["tokens_saved"] += max(float(np.mean(ref)) - self.detect_length, 0.0) if ref else 0.0
-            elif np.isfinite(row["reward"]):
-                label = int(row["reward"] > SUCCESS_THRESHOLD)
+            elif np.isfinite(row["success"]):  # the trainer's success signal (0/1), NaN = unscored
+                label = int(row["success"])
                 self._round["survivor_labels"].append(label)
                 if feat is not None:
                     self._train.append((feat, logit, label))

@@ -32,6 +32,7 @@ ARITH_LEVEL_OPS = {
     5: [("+", 3, 2), ("+", 3, 3), ("-", 3, 3), ("*", 2, 2)],
 }
 ARITH_LEVELS = tuple(ARITH_LEVEL_OPS)
+COUNTDOWN_LEVELS = (1, 2, 3)  # 2..4 numbers
 COUNTDOWN_PROMPT_RE = re.compile(r"use ([\d ]+) to make (\d+):")
 
 
@@ -117,7 +118,12 @@ def generate_problems(task: str = "arithmetic", n: int = 1000, seed: int = 0, sp
         raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    levels = tuple(levels or (ARITH_LEVELS if task == "arithmetic" else (1, 2, 3)))
+    valid = ARITH_LEVELS if task == "arithmetic" else COUNTDOWN_LEVELS
+    levels = tuple(levels or valid)
+    unknown = [lv for lv in levels if lv not in valid]
+    if unknown:
+        raise ValueError(f"builtin:{task} has no difficulty level {unknown[0]!r}; its levels are "
+                         f"{', '.join(map(str, valid))} (--builtin_levels).")
     rng = random.Random(f"{task}:{seed}:{split}")
     rows, seen, exhausted = [], set(), set()
     for i in range(n):

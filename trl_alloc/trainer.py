@@ -1,6 +1,7 @@
 """`AllocGRPOTrainer` / `AllocDAPOTrainer`: TRL's GRPOTrainer with an allocating sampling step.
 
-Only the sampling step changes. One optimizer step is one scheduler round:
+Only the sampling step changes. One scheduler round collects one generation batch (and takes
+`steps_per_round` optimizer steps on it, one by default):
 
     units = pacer.propose(); rnd = filler.start_round(...)
     while not rnd.done: generate rnd.requests() with TRL's generation path, score with TRL's reward
@@ -8,7 +9,9 @@ Only the sampling step changes. One optimizer step is one scheduler round:
     pacer.update(*rnd.outcomes(num_prompts))
 
 and only the round's committed groups reach TRL's loss, with advantages normalised inside each group
-by its own size. The loss, optimizer, logging and saving are TRL's.
+by its own size. The allocators see each response's success (`success_reward_funcs` >=
+`success_threshold`, NaN when no reward function could score it). The loss, optimizer, logging and
+saving are TRL's.
 
 Distributed contract: the allocator is driven on the main process only; every request and the
 round's summary are broadcast, so all ranks act on identical decisions (the pacer/filler objects on
@@ -24,6 +27,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import time
 from collections import defaultdict
 
@@ -38,13 +42,19 @@ from trl.data_utils import is_conversational
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanstd, pad, use_adapter
 
+from .allocation.base import is_success
 from .allocation_factory import build_filler, build_pacer, resolve_num_rounds, round_kwargs
+from .checkpointing import (ALLOCATION_STATE_NAME, STATE_VERSION, check_same_plan, dataset_fingerprint,
+                            disk_full_error, earlier_checkpoint, is_disk_full, read_allocation_state,
+                            write_json_atomic)
 from .config import AllocDAPOConfig, AllocGRPOConfig
+from .data import checked_reward
 from .hub import HubMixin
 from .pruning import build_pruner, generate_with_pruning
 
-ALLOCATION_STATE_NAME = "allocation_state.json"
-STATE_VERSION = 1
+VERIFIERS = ("math_reward", "arithmetic_reward", "countdown_reward")  # trl-alloc's correctness rewards
+TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                     "environments"}
 
 
 class _Ticks(torch.utils.data.Dataset):
@@ -65,7 +75,8 @@ def _as_list(batch):
 
 
 class _AllocationCallback(TrainerCallback):
-    """Stops training (with a final log and save) once the budget is spent; undoes a zero-lr step."""
+    """Stops training (with a final log and save) once the budget is spent; undoes a zero-lr step;
+    writes the allocation report at the end (unless nothing ran since a finished checkpoint)."""
 
     def __init__(self, trainer):
         self.trainer = trainer
@@ -86,8 +97,9 @@ class _AllocationCallback(TrainerCallback):
 
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.trainer.accelerator.is_main_process and self.trainer.history:
-            self.trainer.allocation_summary = self.trainer.write_allocation_report()
+        t = self.trainer
+        if t.accelerator.is_main_process and t.history and t._rounds_this_session:
+            t.allocation_summary = t.write_allocation_report()
 
 
 class AllocGRPOTrainer(HubMixin, GRPOTrainer):
@@ -116,6 +128,7 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
                 raise ValueError(f"`{name}` is not supported by {type(self).__name__}: the allocator needs one "
                                  "single-turn response per request row.")
         args, reward_funcs = self._extra_reward_funcs(args, reward_funcs)
+        reward_funcs = _checked_reward_funcs(reward_funcs)
         server_mode = args.use_vllm and args.vllm_mode == "server"
         if server_mode:  # our client: NCCL weight sync on CUDA, an in-place reload elsewhere; clear timeouts
             from .serving.client import patch_trl_vllm_client
@@ -129,11 +142,24 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
             raise ValueError("`train_dataset` is empty; the prompt pool needs at least one prompt.")
         self.num_rounds = resolve_num_rounds(args, num_prompts)
         args.check_budget(self.num_rounds)
-        self.args.max_steps = self.num_rounds  # one optimizer step per round
+        self.steps_per_round = args.steps_per_round
+        planned = self.num_rounds * self.steps_per_round
+        if 0 < args.max_steps < planned and args.num_rounds is not None:
+            if self.accelerator.is_main_process:
+                print(f"[trl-alloc] max_steps={args.max_steps} stops the run after "
+                      f"{math.ceil(args.max_steps / self.steps_per_round)} of {self.num_rounds} rounds; the budget is "
+                      f"still paced over num_rounds={self.num_rounds} (set --num_rounds to plan a shorter run).")
+        else:
+            self.args.max_steps = planned
+        self.success_funcs = self._success_func_indices(args)
+        self._warn_missing_reward_columns(train_dataset)
         self.pacer = build_pacer(args, num_prompts, self.num_rounds)
         self.filler = build_filler(args, num_prompts, self.pacer)
         self.budget_exhausted = False
-        self.counters = {"rounds": 0, "responses": 0, "tokens": 0, "empty_rounds": 0}
+        self.counters = {"rounds": 0, "responses": 0, "tokens": 0, "empty_rounds": 0, "rounds_without_signal": 0,
+                         "unscored": 0}
+        self._signal_streak = 0  # rounds in a row without a mixed group
+        self._rounds_this_session = 0
         self.round_log = []  # per round: the broadcast decisions (identical on every rank)
         self.history = []  # per round: the allocation figures of `output_dir/allocation/summary.json`
         self.exposure = np.zeros(num_prompts, np.int64)  # responses per prompt over the run
@@ -148,6 +174,28 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
     def _extra_reward_funcs(args, reward_funcs):
         return args, reward_funcs
 
+    def _success_func_indices(self, args):
+        """Columns of `rewards_per_func` whose unweighted sum is the success score."""
+        names = list(self.reward_func_names)
+        if args.success_reward_funcs:
+            unknown = [n for n in args.success_reward_funcs if n not in names]
+            if unknown:
+                raise ValueError(f"`success_reward_funcs` names {unknown[0]!r}, which is not a reward function of "
+                                 f"this run ({', '.join(names)}).")
+            return [names.index(n) for n in args.success_reward_funcs]
+        verifiers = [i for i, n in enumerate(names) if n in VERIFIERS]
+        return verifiers or [0]
+
+    def _warn_missing_reward_columns(self, dataset):
+        for func, name in zip(self.reward_funcs, self.reward_func_names):
+            if isinstance(func, torch.nn.Module):
+                continue
+            wanted = set(_parameters(func)) - TRL_REWARD_KWARGS - set(dataset.column_names)
+            if wanted:
+                print(f"[trl-alloc] WARNING: reward function {name!r} takes {', '.join(sorted(wanted))}, which the "
+                      f"dataset has no column for (columns: {', '.join(dataset.column_names)}): it will get None. "
+                      "Add the column (e.g. --answer_column) or fix the function.")
+
     # ------------------------------------------------------------------ loop pacing
     def get_train_dataloader(self):
         """One tick per micro-step, K × gradient_accumulation_steps in all, the same on every rank (not sharded)."""
@@ -157,14 +205,17 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
     def _prepare_inputs(self, generation_batch):
         if not self.model.training:  # evaluation keeps TRL's path
             return super()._prepare_inputs(generation_batch)
-        accum = self.args.gradient_accumulation_steps
-        if self._step % accum == 0 or self._buffered_inputs is None:
+        split = self.args.steps_per_generation  # micro-batches per round, each used num_iterations times
+        if self._step % (split * self.num_iterations) == 0 or self._buffered_inputs is None:
+            start = self._allocator_snapshot()
             try:
                 self._buffered_inputs = self._run_round()
             except Exception:
-                self._rescue_checkpoint()
+                self._rescue_checkpoint(start)
                 raise
-        return self._buffered_inputs[self._step % accum]
+        if self._round_empty and self._step % self.args.gradient_accumulation_steps == 0:
+            self._zero_lr()  # every optimizer step of an empty round
+        return self._buffered_inputs[self._step % split]
 
     # ------------------------------------------------------------------ one round
     def _broadcast(self, obj):
@@ -228,7 +279,7 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
             rows.extend(new)
 
             def observe(new=new, counts=req[1]):
-                rewards = np.nan_to_num(np.array([r["reward"] for r in new], dtype=float), nan=0.0)
+                rewards = np.array([r["success"] for r in new], dtype=float)  # 0/1, NaN = unscored
                 pruned = np.array([r.get("pruned", False) for r in new], dtype=bool)
                 splits = np.cumsum(counts)[:-1]
                 state["round"].observe(np.split(rewards, splits), pruned=np.split(pruned, splits))
@@ -302,7 +353,7 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         scored_ids = [[] if cut else c for c, cut in zip(completion_ids, pruned)]
         rewards_per_func = self._calculate_rewards(
             inputs, [x["prompt"] for x in inputs], scored + [empty] * n_pad, scored_ids + [[]] * n_pad)
-        self._pending_extra_logs.clear()  # per-row extra columns would misalign with the padded rows
+        extra = self._gather_extra_columns(len(local))
         keep = torch.cat([torch.arange(r * share, r * share + len(flat[r * share:(r + 1) * share]))
                           for r in range(world)])
         rewards_per_func = rewards_per_func[keep.to(rewards_per_func.device)].cpu()
@@ -314,9 +365,24 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         unscorable = torch.isnan(rewards_per_func).all(dim=1)
         reward = (rewards_per_func * weights).nansum(dim=1)
         reward[unscorable] = float("nan")
+        score = rewards_per_func[:, self.success_funcs]
+        success = torch.where(torch.isnan(score).all(dim=1), float("nan"),
+                              torch.from_numpy(is_success(score.nansum(dim=1).numpy(), self.args.success_threshold))
+                              .float())
         return [{"pid": int(pid), "prompt_ids": p, "completion_ids": c, "completion": text, "sampling_logps": lp,
-                 "rewards": rewards_per_func[i], "reward": float(reward[i]), "pruned": bool(x)}
+                 "rewards": rewards_per_func[i], "reward": float(reward[i]), "success": float(success[i]),
+                 "pruned": bool(x), "extra": {col: values[i] for col, values in extra.items()}}
                 for i, (pid, (p, c, text, lp, x)) in enumerate(zip(flat.tolist(), gathered))]
+
+    def _gather_extra_columns(self, n_local):
+        """The `log_extra` columns reward functions wrote for this request: this rank's real rows only
+        (not the padding), gathered in request order."""
+        columns = {}
+        for column in sorted(set(gather_object(list(self._pending_extra_logs)))):
+            values = list(self._pending_extra_logs.get(column, []))[:n_local]
+            columns[column] = gather_object(values + [None] * (n_local - len(values)))
+        self._pending_extra_logs.clear()
+        return columns
 
     # ------------------------------------------------------------------ loss batch
     def _group_advantages(self, rewards_per_func, sizes):
@@ -363,10 +429,10 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         sizes = [len(by_pid[g]) for g in groups]
         self._round_loss_rows, self._round_zero_std = loss_rows, None
         self._round_empty = not loss_rows
-        accum = self.args.gradient_accumulation_steps
+        split = self.args.steps_per_generation
         if not loss_rows:
-            self._zero_lr()
-            return [self._collate([], torch.zeros(0), 1) for _ in range(accum)]
+            self.counters["empty_rounds"] += 1
+            return [self._collate([], torch.zeros(0), 1) for _ in range(split)]
         rewards = torch.stack([r["rewards"] for r in loss_rows])
         advantages, zero_std = self._group_advantages(rewards, sizes)
         self._round_advantages, self._round_zero_std = advantages, zero_std
@@ -379,7 +445,7 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         mine = np.array_split(np.arange(len(loss_rows)), world)[rank]
         mine = mine[torch.randperm(len(mine)).numpy()] if len(mine) else mine
         batches = []
-        for part in np.array_split(mine, accum):
+        for part in np.array_split(mine, split):
             part = part.tolist()
             batches.append(self._collate([loss_rows[i] for i in part], advantages[part], num_items,
                                          [keep[i] for i in part]))
@@ -418,6 +484,8 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
                                                   pad_to_multiple_of=mult).to(device)
             out["old_per_token_logps"] = self._policy_logps(out, self.model)
             out["importance_sampling_ratio"] = self._importance_ratio(out)
+        elif self.steps_per_round > 1 and not dummy:  # later steps see an older policy's samples (TRL's rule)
+            out["old_per_token_logps"] = self._policy_logps(out, self.model)
         if self.beta != 0.0:
             out["ref_per_token_logps"] = self._ref_logps(out)
         return out
@@ -466,8 +534,7 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
     def _zero_lr(self):
         """A round with no group: zero learning rate for this optimizer step, so no parameter moves
         (zero gradients alone would still move Adam parameters through momentum and weight decay)."""
-        self.counters["empty_rounds"] += 1
-        if self.optimizer is None:  # a round run outside `train()`
+        if self.optimizer is None or self._saved_lrs is not None:  # outside `train()`, or already zeroed
             return
         self._saved_lrs = [g["lr"] for g in self.optimizer.param_groups]
         for g in self.optimizer.param_groups:
@@ -481,7 +548,10 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         comp_tokens = sum(len(r["completion_ids"]) for r in rows)
         prompt_tokens = sum(len(r["prompt_ids"]) for r in rows)
         self.counters["rounds"] += 1
+        self._rounds_this_session += 1
         self.counters["responses"] += spent
+        unscored = int(stats.get("unscored", 0))
+        self.counters["unscored"] += unscored
         self.counters["tokens"] += comp_tokens
         self.state.num_input_tokens_seen += prompt_tokens + comp_tokens
         m["num_tokens"] = [self.state.num_input_tokens_seen]
@@ -490,12 +560,13 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         self.history.append({"round": self.counters["rounds"], "responses": spent, "tokens": comp_tokens,
                              "admitted": admitted, "groups": touched, "committed": stats["groups"],
                              "effective_groups": stats["effective_groups"], "abandoned": stats["abandoned"],
-                             "pruned": stats.get("pruned", 0), "loss_responses": len(self._round_loss_rows),
+                             "pruned": stats.get("pruned", 0), "unscored": unscored,
+                             "loss_responses": len(self._round_loss_rows),
                              "allocator_s": round(alloc_time, 6), "round_s": round(round_time, 6)})
         for key, value in {
             "alloc/round": self.counters["rounds"], "alloc/responses_spent": self.counters["responses"],
             "alloc/responses_remaining": summary["remaining"], "alloc/tokens_spent": self.counters["tokens"],
-            "alloc/empty_rounds": self.counters["empty_rounds"],
+            "alloc/empty_rounds": self.counters["empty_rounds"], "alloc/responses_unscored": self.counters["unscored"],
         }.items():
             m[key] = [float(value)]
         m["alloc/round_responses"].append(float(spent))
@@ -511,6 +582,7 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         m["alloc/time_share"].append(alloc_time / round_time if round_time > 0 else 0.0)
         if "pacing_gap" in summary:
             m["alloc/pacing_gap"] = [summary["pacing_gap"]]
+        self._watch_signal(rows, stats)
         if "pruning" in summary:
             m["alloc/responses_pruned"].append(float(stats.get("pruned", 0)))
             for key, value in summary["pruning"].items():
@@ -543,6 +615,8 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
             for i, name in enumerate(self.reward_func_names):
                 self._logs["rewards"][name].extend(float(r["rewards"][i]) for r in loss_rows)
             self._logs["advantages"].extend(self._round_advantages.tolist())
+            for column in sorted({c for r in loss_rows for c in r["extra"]}):
+                self._logs["extra"][column].extend(r["extra"].get(column) for r in loss_rows)
         for name in sorted(set(gather_object(list(self._pending_metrics)))):
             values = self._pending_metrics.get(name, [])
             stats_t = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=self.accelerator.device)
@@ -550,8 +624,45 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
             m[name].append(total / count if count else float("nan"))
         self._pending_metrics.clear()
 
-    def _rescue_checkpoint(self):
-        """A round failed (e.g. dynamic sampling hit its cap): save what is trained so far, then re-raise."""
+    def _watch_signal(self, rows, stats):
+        """Count rounds without a mixed group; warn, naming the likely cause, after `no_signal_warning_rounds`."""
+        if stats["effective_groups"] > 0:
+            self._signal_streak = 0
+            return
+        self.counters["rounds_without_signal"] += 1
+        self._signal_streak += 1
+        if self._signal_streak != self.args.no_signal_warning_rounds or not self.accelerator.is_main_process:
+            return
+        success = np.array([r["success"] for r in rows if not r.get("pruned")], dtype=float)
+        reward = np.array([r["reward"] for r in rows if not r.get("pruned")], dtype=float)
+        scored = success[~np.isnan(success)]
+        names = [self.reward_func_names[i] for i in self.success_funcs]
+        if not len(rows):
+            cause = (f"no response was generated (responses left in the budget: {int(self.pacer.remaining_responses)}); "
+                     "raise `rollout_budget`")
+        elif not scored.size:
+            cause = "every reward was None/NaN: no reward function could score the responses"
+        elif scored.max() == 0:
+            cause = (f"no response succeeded: success = {' + '.join(names)} >= success_threshold "
+                     f"({self.args.success_threshold}), and the rewards seen lie in [{np.nanmin(reward):g}, "
+                     f"{np.nanmax(reward):g}]. Check `success_threshold` / `success_reward_funcs`, the dataset's "
+                     "answers, or use easier prompts")
+        else:
+            cause = "every response succeeded: the prompts are too easy for this policy"
+        print(f"[trl-alloc] WARNING: {self._signal_streak} rounds in a row without one mixed group, so nothing is "
+              f"trained. Likely cause: {cause}.")
+
+    def _allocator_snapshot(self):
+        """The allocator's state at the start of a round (a failed round is rolled back to it)."""
+        if not self.accelerator.is_main_process:
+            return None
+        return json.loads(json.dumps(self.allocation_state(), default=_json_default))
+
+    def _rescue_checkpoint(self, start_state=None):
+        """A round failed (e.g. dynamic sampling hit its cap): roll the allocator back to the round's
+        start, save what is trained so far, then re-raise (the failed round is not in the log)."""
+        if start_state is not None:
+            self.load_allocation_state(start_state, check=False)
         if self.args.save_strategy == "no" or self.state.global_step == 0:
             return
         folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
@@ -566,7 +677,10 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         from .plots import write_allocation_report
 
         methods = {"pacing": self.args.pacing, "filling": self.args.filling, "pruning": self.args.pruning}
+        trained = any(h["effective_groups"] > 0 for h in self.history)
         extra = {"methods": methods, "empty_rounds": self.counters["empty_rounds"],
+                 "rounds_without_signal": self.counters["rounds_without_signal"],
+                 "responses_unscored": self.counters["unscored"], "trained": trained,
                  "allocator_time_share": (sum(h["allocator_s"] for h in self.history)
                                           / max(sum(h["round_s"] for h in self.history), 1e-9))}
         budget = self.counters["responses"] + int(self.pacer.remaining_responses)
@@ -578,27 +692,42 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
                                        calibration=calibration)
 
     # ------------------------------------------------------------------ checkpointing
+    def run_plan(self):
+        """What fixes this run's plan; a checkpoint of another plan is refused (`checkpointing.PLAN_FIELDS`)."""
+        a = self.args
+        return {"pacing": a.pacing, "filling": a.filling, "pruning": a.pruning, "num_prompts": self.pacer.num_prompts,
+                "num_rounds": self.num_rounds, "rollout_budget": int(a.budget_for(self.num_rounds)),
+                "allocation_seed": a.seed if a.allocation_seed is None else a.allocation_seed,
+                "dataset_fingerprint": self._fingerprint}
+
+    @property
+    def _fingerprint(self):
+        if getattr(self, "_dataset_fingerprint", None) is None:
+            self._dataset_fingerprint = dataset_fingerprint(self.train_dataset["prompt"])
+        return self._dataset_fingerprint
+
     def allocation_state(self):
-        """The allocator's state as plain JSON-serialisable data (what checkpoints hold)."""
-        return {"version": STATE_VERSION, "pacing": self.args.pacing, "filling": self.args.filling,
-                "pruning": self.args.pruning, "num_prompts": self.pacer.num_prompts, "num_rounds": self.num_rounds,
+        """The allocator's state as plain JSON-serialisable data (what checkpoints hold), with the run's
+        per-round history, so the report after a resume covers the whole run."""
+        return {"version": STATE_VERSION, **self.run_plan(),
                 "pacer": self.pacer.state_dict(), "filler": self.filler.state_dict(),
                 "pruner": None if self.pruner is None else self.pruner.state_dict(),
-                "counters": dict(self.counters), "budget_exhausted": self.budget_exhausted}
+                "counters": dict(self.counters), "budget_exhausted": self.budget_exhausted,
+                "history": self.history, "exposure": self.exposure}
 
-    def load_allocation_state(self, state):
-        ours = {"pacing": self.args.pacing, "filling": self.args.filling, "pruning": self.args.pruning,
-                "num_prompts": self.pacer.num_prompts}
-        for key, mine in ours.items():
-            if state.get(key, "none" if key == "pruning" else None) != mine:
-                raise ValueError(f"the checkpoint's allocator has {key}={state.get(key)!r} but this run has "
-                                 f"{key}={mine!r}; resume with the same config and dataset.")
+    def load_allocation_state(self, state, path=ALLOCATION_STATE_NAME, check=True):
+        if check:
+            old = {"pruning": "none"} if "pruning" not in state else {}
+            check_same_plan({**state, **old}, self.run_plan(), path)
         self.pacer.load_state_dict(state["pacer"])
         self.filler.load_state_dict(state["filler"])
         if self.pruner is not None:
             self.pruner.load_state_dict(state["pruner"])
         self.counters.update(state["counters"])
         self.budget_exhausted = bool(state.get("budget_exhausted", False))
+        self.history = [dict(h) for h in state.get("history", [])]
+        if "exposure" in state:
+            self.exposure = np.asarray(state["exposure"], np.int64)
 
     def save_model(self, output_dir=None, _internal_call=False):
         """TRL's save, plus `allocation_state.json` next to the weights (checkpoints and final saves)."""
@@ -606,12 +735,47 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         if self.args.should_save:
             output_dir = output_dir or self.args.output_dir
             os.makedirs(output_dir, exist_ok=True)
-            path = os.path.join(output_dir, ALLOCATION_STATE_NAME)
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(self.allocation_state(), f, default=_json_default)
-            os.replace(path + ".tmp", path)
+            write_json_atomic(os.path.join(output_dir, ALLOCATION_STATE_NAME), self.allocation_state(),
+                              default=_json_default)
             if self.pruner is not None:  # the quality head as its own adapter folder, `quality_head/`
                 self.pruner.save(output_dir)
+
+    def _get_output_dir(self, trial):
+        return getattr(self, "_staging_dir", None) or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        """TRL's checkpoint, written under `.partial-checkpoint-N/` and renamed into place once whole, so
+        the newest `checkpoint-N` is always complete; a full disk gets a clear error."""
+        run_dir = super()._get_output_dir(trial)
+        final = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
+        staging = os.path.join(run_dir, f".partial-checkpoint-{self.state.global_step}")
+        main = self.args.should_save
+        push, self.args.push_to_hub = self.args.push_to_hub, False  # pushed below, from the final folder
+        self._staging_dir = staging
+        try:
+            super()._save_checkpoint(model, trial)
+            self.accelerator.wait_for_everyone()
+            if main:
+                if os.path.isdir(final):  # an older save of the same step (a rescue, or a resumed run)
+                    shutil.rmtree(final)
+                os.replace(os.path.join(staging, os.path.basename(final)), final)
+                shutil.rmtree(staging, ignore_errors=True)
+        except Exception as exc:
+            if main:
+                shutil.rmtree(staging, ignore_errors=True)
+            if is_disk_full(exc, run_dir):
+                raise disk_full_error(exc, final, earlier_checkpoint(final)) from exc
+            raise
+        finally:
+            self._staging_dir = None
+            self.args.push_to_hub = push
+        self.accelerator.wait_for_everyone()
+        if main:
+            from transformers.trainer_utils import rotate_checkpoints
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint)
+        if push:
+            self._push_from_checkpoint(final)
 
     def _save_optimizer_and_scheduler(self, output_dir):
         super()._save_optimizer_and_scheduler(output_dir)
@@ -622,12 +786,7 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        path = os.path.join(checkpoint, ALLOCATION_STATE_NAME)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{checkpoint} has no {ALLOCATION_STATE_NAME}; it was not written by "
-                                    f"{type(self).__name__}, so the allocator cannot resume from it.")
-        with open(path, encoding="utf-8") as f:
-            self.load_allocation_state(json.load(f))
+        self.load_allocation_state(read_allocation_state(checkpoint), os.path.join(checkpoint, ALLOCATION_STATE_NAME))
         if self.pruner is not None:
             self.pruner.load(checkpoint)
 
@@ -651,6 +810,26 @@ class AllocDAPOTrainer(AllocGRPOTrainer):
             args = copy.copy(args)  # the caller's config keeps its own weights
             args.reward_weights = list(args.reward_weights) + [1.0]
         return args, funcs + [get_soft_overlong_punishment(args.max_completion_length, buffer)]
+
+
+def _checked_reward_funcs(reward_funcs):
+    """Plain-function rewards wrapped so a wrong output names the function (async ones are TRL's)."""
+    import inspect
+
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    out = [f if isinstance(f, (str, torch.nn.Module)) or inspect.iscoroutinefunction(f)
+           or getattr(f, "trl_alloc_checked", False) else checked_reward(f) for f in funcs]
+    return out if isinstance(reward_funcs, (list, tuple)) else out[0]
+
+
+def _parameters(func):
+    import inspect
+
+    try:
+        return [name for name, p in inspect.signature(func).parameters.items()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    except (TypeError, ValueError):
+        return []
 
 
 def _json_default(obj):

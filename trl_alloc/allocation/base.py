@@ -19,6 +19,13 @@ Driving loop (the trainer and every simulator use exactly this)::
 
 import numpy as np
 
+SUCCESS_THRESHOLD = 0.5  # default: a response succeeds when its success score is >= 0.5
+
+
+def is_success(scores, threshold=SUCCESS_THRESHOLD):
+    """The one success rule (allocators, ARROL labels, benchmarks, evaluation): score >= threshold."""
+    return np.asarray(scores, dtype=float) >= threshold
+
 
 class Pacer:
     """Across-round stage. Subclasses set ``num_prompts``, ``unit_size`` and ``remaining_responses``."""
@@ -64,21 +71,22 @@ class Round:
     Attributes filled as the round runs: ``spent`` (responses generated), ``groups`` (prompt ids
     whose responses go to the loss, in commit order), ``effective`` (how many of those are mixed),
     ``abandoned`` (prompt ids dropped), ``successes`` / ``failures`` (dict prompt id -> count),
-    ``pruned`` (dict prompt id -> responses pruned mid-generation, ARROL; SPEC §4).
+    ``pruned`` (dict prompt id -> responses pruned mid-generation, ARROL; SPEC §4), ``unscored``
+    (dict prompt id -> responses whose reward is NaN: no reward function could score them).
 
-    Pruned responses are spent budget with no reward: they count in ``spent`` and in the
+    Pruned and unscored responses are spent budget with no reward: they count in ``spent`` and in the
     ``responses`` of ``outcomes``, never as a success or a failure, and fillers see only the
     observed (completed) rewards in ``_advance``.
     """
 
-    success_threshold = 0.5
+    success_threshold = SUCCESS_THRESHOLD
 
     def __init__(self, budget):
         self.budget = int(budget)
         self.spent = 0
         self.groups, self.abandoned = [], []
         self.effective = 0
-        self.successes, self.failures, self.pruned = {}, {}, {}
+        self.successes, self.failures, self.pruned, self.unscored = {}, {}, {}, {}
         self.generation_calls = 0
         self._pending = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
@@ -95,7 +103,8 @@ class Round:
 
         ``pruned`` (optional, aligned like ``rewards``): boolean masks of the responses pruned before
         they finished (ARROL). Their reward entries are ignored (any value, NaN included); they are
-        spent responses but neither successes nor failures.
+        spent responses but neither successes nor failures. A NaN reward of a finished response is an
+        unscored response, treated the same way and counted in ``unscored``.
         """
         ids, counts = self._pending
         if len(rewards) != len(ids):
@@ -110,14 +119,15 @@ class Round:
             cut = np.zeros(n, bool) if pruned is None else np.asarray(pruned[j], dtype=bool).reshape(-1)
             if cut.size != n:
                 raise ValueError(f"prompt {pid}: expected a pruned mask of {n} entries, got {cut.size}.")
-            r = r[~cut]
-            if np.isnan(r).any():
-                raise ValueError(f"prompt {pid}: a reward is NaN; fix the reward function for this sample.")
-            s = int((r > self.success_threshold).sum())
+            nan = np.isnan(r) & ~cut
+            r = r[~cut & ~nan]
+            s = int(is_success(r, self.success_threshold).sum())
             self.successes[pid] = self.successes.get(pid, 0) + s
             self.failures[pid] = self.failures.get(pid, 0) + r.size - s
             if cut.any():
                 self.pruned[pid] = self.pruned.get(pid, 0) + int(cut.sum())
+            if nan.any():
+                self.unscored[pid] = self.unscored.get(pid, 0) + int(nan.sum())
             binary.append(s)
             observed.append(r)
         self.spent += int(counts.sum())
@@ -132,14 +142,14 @@ class Round:
 
     def outcomes(self, num_prompts):
         """Per-prompt (successes, failures, responses) arrays over the whole pool, for ``Pacer.update``;
-        ``responses`` = successes + failures + pruned."""
+        ``responses`` = successes + failures + pruned + unscored."""
         s, f, cut = (np.zeros(num_prompts, np.int64) for _ in range(3))
-        for arr, counts in ((s, self.successes), (f, self.failures), (cut, self.pruned)):
+        for arr, counts in ((s, self.successes), (f, self.failures), (cut, self.pruned), (cut, self.unscored)):
             for pid, v in counts.items():
-                arr[pid] = v
+                arr[pid] += v
         return s, f, s + f + cut
 
     def stats(self):
         return {"responses": self.spent, "groups": len(self.groups), "effective_groups": self.effective,
                 "abandoned": len(self.abandoned), "generation_calls": self.generation_calls,
-                "pruned": int(sum(self.pruned.values()))}
+                "pruned": int(sum(self.pruned.values())), "unscored": int(sum(self.unscored.values()))}
