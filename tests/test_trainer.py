@@ -58,7 +58,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from trl_alloc.benchmarking import count_generated  # noqa: E402
 from trl_alloc.config import AllocDAPOConfig  # noqa: E402
-from trl_alloc.trainer import ALLOCATION_STATE_NAME, AllocDAPOTrainer, AllocGRPOTrainer  # noqa: E402
+from trl_alloc.trainer import ALLOCATION_STATE_NAME, AllocDAPOTrainer, AllocGRPOTrainer, _json_default  # noqa: E402
 
 # Completions by occurrence of a prompt within one generation call (token ids: digits are 2..11, eos 1).
 SCRIPTED = [[3, 1], [4, 1], [3, 4, 5], [5, 1]]  # "1", "2", "123" (truncated), "3"
@@ -218,7 +218,7 @@ def test_resume_restores_allocator_and_reproduces_decisions(tmp_path):
 
     def spy(state, *args, **kwargs):
         inner(state, *args, **kwargs)
-        loaded.update(json.loads(json.dumps(resumed.allocation_state(), default=list)))  # a snapshot
+        loaded.update(json.loads(json.dumps(resumed.allocation_state(), default=_json_default)))  # a snapshot
 
     resumed.load_allocation_state = spy
     resumed.train(resume_from_checkpoint=str(ckpt))
