@@ -1,0 +1,308 @@
+"""Bad inputs and faults (docs/reliability.md): each gets a clear error or correct behaviour."""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from test_trainer import build, make_args, tiny_setup
+from trl_alloc.checkpointing import read_allocation_state
+from trl_alloc.trainer import ALLOCATION_STATE_NAME, AllocGRPOTrainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def params(trainer):
+    return {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+
+
+def same_params(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------- the success signal
+
+
+def test_success_is_the_unweighted_verifier_not_the_weighted_reward(tmp_path):
+    """`reward_weights 0.5` on a 0/1 reward made every weighted reward <= 0.5: no success, nothing trained."""
+    trainer = build(tmp_path, pacing="cero", filling="sara", num_rounds=3, rollout_budget=96, reward_weights=[0.5])
+    trainer.train()
+    assert trainer.allocation_summary["effective_groups"] > 0 and trainer.allocation_summary["trained"]
+
+
+def test_success_threshold_for_negative_rewards_and_the_no_signal_warning(tmp_path, capsys):
+    model, tok, ds, reward = tiny_setup()
+
+    def minus_one_or_zero(completions, answer, **kw):  # 0 = right, -1 = wrong
+        return [r - 1.0 for r in reward(completions, answer)]
+
+    def run(out, **kw):
+        args = make_args(str(out), pacing="cero", filling="sara", num_rounds=6, rollout_budget=192, **kw)
+        t = AllocGRPOTrainer(model=tiny_setup()[0], reward_funcs=minus_one_or_zero, args=args, train_dataset=ds,
+                             processing_class=tok)
+        before = params(t)
+        t.train()
+        return t, before
+
+    silent, before = run(tmp_path / "default", no_signal_warning_rounds=3)  # threshold 0.5: nothing ever succeeds
+    out = capsys.readouterr().out
+    assert "3 rounds in a row without one mixed group" in out and "success_threshold (0.5)" in out
+    assert "[-1, -1]" in out or "[-1, 0]" in out  # the rewards seen, so the user sees why
+    summary = silent.allocation_summary
+    assert not summary["trained"] and summary["rounds_without_signal"] == summary["rounds"] == 6
+    assert summary["empty_rounds"] == 6 and same_params(before, params(silent))
+
+    fixed, before = run(tmp_path / "fixed", success_threshold=-0.5)
+    assert fixed.allocation_summary["trained"] and not same_params(before, params(fixed))
+
+
+def test_success_reward_funcs_picks_the_verifier_next_to_a_format_reward(tmp_path):
+    model, tok, ds, reward = tiny_setup()
+
+    def always_formatted(completions, **kw):
+        return [1.0] * len(completions)
+
+    args = make_args(str(tmp_path), pacing="cero", filling="sara", num_rounds=2, rollout_budget=64,
+                     success_reward_funcs=["first_digit_reward"])
+    t = AllocGRPOTrainer(model=model, reward_funcs=[always_formatted, reward], args=args, train_dataset=ds,
+                         processing_class=tok)
+    assert t.success_funcs == [1]
+    t.train()
+    assert t.allocation_summary["effective_groups"] > 0  # with the format reward as the signal nothing is mixed
+    with pytest.raises(ValueError, match="'nope', which is not a reward function"):
+        AllocGRPOTrainer(model=model, reward_funcs=reward, train_dataset=ds, processing_class=tok,
+                         args=make_args(str(tmp_path), success_reward_funcs=["nope"]))
+
+
+def test_missing_answer_column_warns_at_start(tmp_path, capsys):
+    model, tok, ds, reward = tiny_setup()
+    AllocGRPOTrainer(model=model, reward_funcs=reward, args=make_args(str(tmp_path), num_rounds=1),
+                     train_dataset=ds.remove_columns("answer"), processing_class=tok)
+    assert "takes answer, which the dataset has no column for" in capsys.readouterr().out
+
+
+def test_a_run_with_too_small_a_budget_says_nothing_was_trained(tmp_path):
+    trainer = build(tmp_path, pacing="cero", filling="sara", num_rounds=4, rollout_budget=8)
+    before = params(trainer)
+    trainer.train()
+    assert trainer.allocation_summary["responses_spent"] <= 8
+    assert trainer.allocation_summary["trained"] == (not same_params(before, params(trainer)))
+
+
+# ---------------------------------------------------------------- unscorable rewards
+
+
+def test_none_rewards_are_unscored_and_reported(tmp_path):
+    model, tok, ds, reward = tiny_setup()
+
+    def half_unscorable(completions, answer, **kw):
+        return [None if i % 2 else r for i, r in enumerate(reward(completions, answer))]
+
+    args = make_args(str(tmp_path), pacing="uniform", filling="full", num_rounds=2)
+    t = AllocGRPOTrainer(model=model, reward_funcs=half_unscorable, args=args, train_dataset=ds, processing_class=tok)
+    t.train()
+    spent = t.allocation_summary["responses_spent"]
+    assert t.allocation_summary["responses_unscored"] == spent // 2
+    assert sum(h["unscored"] for h in t.history) == spent // 2
+
+
+def test_a_reward_function_returning_none_gets_a_clear_error(tmp_path):
+    model, tok, ds, _ = tiny_setup()
+
+    def forgot_to_return(completions, **kw):
+        [0.0 for _ in completions]
+
+    t = AllocGRPOTrainer(model=model, reward_funcs=forgot_to_return, args=make_args(str(tmp_path), num_rounds=1),
+                         train_dataset=ds, processing_class=tok)
+    with pytest.raises(ValueError, match="'forgot_to_return' must return a list of one float per completion"):
+        t.train()
+
+
+# ---------------------------------------------------------------- resume
+
+
+KW = dict(pacing="cero", filling="sara", num_rounds=4, rollout_budget=64, save_strategy="steps", save_steps=2)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished")
+    t = build(out, **KW)
+    t.train()
+    return out, t
+
+
+@pytest.mark.parametrize("change,field", [(dict(rollout_budget=80), "rollout_budget"),
+                                          (dict(num_rounds=5), "num_rounds"), (dict(allocation_seed=1), "allocation_seed")])
+def test_resume_refuses_another_plan(finished_run, tmp_path, change, field):
+    out, _ = finished_run
+    other = build(tmp_path, **{**KW, **change})
+    with pytest.raises(ValueError, match=f"with {field}=.*but this run has {field}="):
+        other.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+
+
+def test_resume_refuses_another_prompt_pool(finished_run, tmp_path):
+    out, _ = finished_run
+    model, tok, ds, reward = tiny_setup()
+    shuffled = ds.select(list(reversed(range(len(ds)))))
+    other = AllocGRPOTrainer(model=model, reward_funcs=reward, args=make_args(str(tmp_path), **KW),
+                             train_dataset=shuffled, processing_class=tok)
+    with pytest.raises(ValueError, match="dataset_fingerprint"):
+        other.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+
+
+def test_report_after_resume_covers_the_whole_run(finished_run, tmp_path):
+    out, full = finished_run
+    resumed = build(tmp_path, **KW)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    for key in ("rounds", "responses_spent", "responses_remaining", "effective_groups"):
+        assert resumed.allocation_summary[key] == full.allocation_summary[key], key
+    assert len(resumed.history) == 4 and resumed.exposure.tolist() == full.exposure.tolist()
+
+
+def test_resuming_a_finished_run_does_not_overwrite_its_report(finished_run, tmp_path):
+    out, full = finished_run
+    report = out / "allocation" / "summary.json"
+    before = report.read_bytes()
+    again = build(out, **KW)
+    again.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    assert report.read_bytes() == before and json.loads(before)["rounds"] == 4
+
+
+def test_resume_true_takes_the_latest_checkpoint(finished_run, tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from train import resume_argument
+
+    assert resume_argument("True") is True and resume_argument("false") is False
+    assert resume_argument("out/checkpoint-2") == "out/checkpoint-2"
+    out, _ = finished_run
+    t = build(out, **KW)
+    t.train(resume_from_checkpoint=True)  # transformers: the newest checkpoint-N of output_dir
+    assert t.state.global_step == 4 and t.counters["rounds"] == 4
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda p: p.write_text(""), "is damaged \\(empty or truncated"),
+    (lambda p: p.write_text(p.read_text()[:50]), "is damaged \\(empty or truncated"),
+    (lambda p: p.write_text(json.dumps({k: v for k, v in json.loads(p.read_text()).items() if k != "pacer"})),
+     "has no 'pacer' entry"),
+])
+def test_damaged_checkpoint_names_the_file_and_the_previous_one(finished_run, tmp_path, damage, match):
+    import shutil
+
+    out, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    damage(copy / "checkpoint-4" / ALLOCATION_STATE_NAME)
+    with pytest.raises(ValueError, match=match) as err:
+        read_allocation_state(str(copy / "checkpoint-4"))
+    assert str(copy / "checkpoint-4" / ALLOCATION_STATE_NAME) in str(err.value)
+    assert f"--resume_from_checkpoint {copy / 'checkpoint-2'}" in str(err.value)
+
+
+# ---------------------------------------------------------------- saving
+
+
+def test_checkpoints_are_written_atomically(tmp_path, monkeypatch):
+    """A save that dies half-way leaves no checkpoint folder; the previous one is intact."""
+    import transformers.modeling_utils as modeling
+
+    t = build(tmp_path, **KW)
+    real = modeling.safe_save_file
+    calls = []
+
+    def full_disk_on_second_checkpoint(*args, **kwargs):
+        calls.append(1)
+        real(*args, **kwargs)  # a (partial) file lands, then the disk is full
+        if len(calls) >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(modeling, "safe_save_file", full_disk_on_second_checkpoint)
+    with pytest.raises(OSError, match="no space left on the device of .* while saving checkpoint-4") as err:
+        t.train()
+    assert "checkpoint-2; resume from it" in str(err.value)
+    assert sorted(n for n in os.listdir(tmp_path) if "checkpoint" in n) == ["checkpoint-2"]
+    assert read_allocation_state(str(tmp_path / "checkpoint-2"))["counters"]["rounds"] == 2
+
+
+def test_full_disk_is_reported_on_a_real_small_filesystem(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        t = build(mount / "run", **{**KW, "save_steps": 1})
+        with pytest.raises(OSError, match="no space left on the device of"):
+            t.train()
+        leftovers = [n for n in os.listdir(mount / "run") if n.startswith(".partial")]
+        assert leftovers == []
+        for ckpt in (mount / "run").glob("checkpoint-*"):  # whatever is there is whole
+            read_allocation_state(str(ckpt))
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_rescue_checkpoint_logs_completed_rounds_only(tmp_path):
+    model, tok, ds, _ = tiny_setup()
+    args = make_args(str(tmp_path), pacing="cero", filling="dynamic_sampling", num_rounds=3, rollout_budget=96,
+                     max_generation_batches=1, save_strategy="steps", save_steps=100)
+    calls = []
+
+    def varied_then_never(completions, **kw):
+        calls.append(1)
+        return [float(i % 2) for i in range(len(completions))] if len(calls) == 1 else [0.0] * len(completions)
+
+    t = AllocGRPOTrainer(model=model, reward_funcs=varied_then_never, args=args, train_dataset=ds,
+                         processing_class=tok)
+    with pytest.raises(RuntimeError, match="max_generation_batches"):
+        t.train()
+    state = read_allocation_state(str(tmp_path / "checkpoint-1"))
+    assert state["counters"]["rounds"] == 1 and len(state["history"]) == 1
+    assert len(state["pacer"]["allocation_log"]) == 1 and state["pacer"]["round"] == 1
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_dataset_file_errors_name_the_file_and_the_line(tmp_path):
+    from trl_alloc.data import load_prompt_dataset
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty.jsonl' is empty"):
+        load_prompt_dataset(str(empty))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1=", "answer": "2"}\n\n{"prompt": "2+2=", answer: 4}\n')
+    with pytest.raises(ValueError, match="bad.jsonl' could not be read: line 3 is not valid JSON"):
+        load_prompt_dataset(str(bad))
+    with pytest.raises(ValueError, match="no difficulty level 9; its levels are 1, 2, 3, 4, 5"):
+        load_prompt_dataset("builtin:arithmetic", levels=(9,))
+
+
+def test_local_file_gets_a_disjoint_held_out_split(tmp_path):
+    from trl_alloc.data import load_train_and_test
+
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1="}], "answer": str(i + 1)} for i in range(50)]
+    rows += rows[:5]  # duplicated prompts must never land on both sides
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    splits = load_train_and_test(str(path), test_fraction=0.2, seed=0)
+    train = {json.dumps(p) for p in splits.train["prompt"]}
+    test = [json.dumps(p) for p in splits.test["prompt"]]
+    assert test and not train & set(test) and len(splits.train) + len(splits.test) <= 55
+    assert "held out of" in splits.test_source and "20%" in splits.test_source
+    given = tmp_path / "test.jsonl"
+    fresh = [{"prompt": [{"role": "user", "content": f"{i}+2="}], "answer": str(i + 2)} for i in range(5)]
+    given.write_text("".join(json.dumps(r) + "\n" for r in rows[:5] + fresh))  # half of it is in the pool
+    splits = load_train_and_test(str(path), test_name=str(given), test_fraction=0.2)
+    assert len(splits.train) == 55 and splits.test["prompt"] == [r["prompt"] for r in fresh]
+    given.write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
+    with pytest.raises(ValueError, match="every held-out prompt .* is also a training prompt"):
+        load_train_and_test(str(path), test_name=str(given))
