@@ -164,6 +164,11 @@ def main():
     if training_args.push_to_hub:  # the card now carries the held-out figures too
         builtin = script_args.dataset_name.startswith("builtin:")
         trainer.push_to_hub(dataset_name=None if builtin else script_args.dataset_name)
+    if not any(h["effective_groups"] > 0 for h in trainer.history):
+        if state.is_main_process:
+            print("[trl-alloc] nothing was trained: no round had a mixed group (see the warning above and "
+                  f"{os.path.join(training_args.output_dir, 'allocation', 'summary.json')}).")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ class _AllocationCallback(TrainerCallback):
                 if group["lr"] == 0.0:
                     group["lr"] = lr
             t._saved_lrs = None
-        if t.budget_exhausted and state.global_step < state.max_steps:
+        round_done = state.global_step % t.steps_per_round == 0  # the round's later steps still train
+        if t.budget_exhausted and round_done and state.global_step < state.max_steps:
             control.should_training_stop = True
             control.should_log = True
             if args.save_strategy != "no":
@@ -198,8 +199,9 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
 
     # ------------------------------------------------------------------ loop pacing
     def get_train_dataloader(self):
-        """One tick per micro-step, K × gradient_accumulation_steps in all, the same on every rank (not sharded)."""
-        ticks = _Ticks(self.num_rounds * self.args.gradient_accumulation_steps)
+        """One tick per micro-step, K × steps_per_round × gradient_accumulation_steps in all, the same on every
+        rank (not sharded)."""
+        ticks = _Ticks(self.num_rounds * self.steps_per_round * self.args.gradient_accumulation_steps)
         return DataLoader(ticks, batch_size=1, shuffle=False, collate_fn=_as_list)
 
     def _prepare_inputs(self, generation_batch):
