@@ -137,6 +137,8 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
             super().__init__(model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         if self._is_vlm or "image" in train_dataset.column_names or "images" in train_dataset.column_names:
             raise ValueError(f"{type(self).__name__} supports text prompts only.")
+        if server_mode and self.accelerator.is_main_process:  # before the first push: the same architecture?
+            self.vllm_generation.vllm_client.check_serves(self.accelerator.unwrap_model(self.model).config)
 
         num_prompts = len(self.train_dataset)
         if num_prompts == 0:

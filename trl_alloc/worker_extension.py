@@ -84,6 +84,12 @@ class AllocWorkerExtension:
 
         return self._alloc_reload(load(base64.b64decode(payload)))
 
+    def model_signature(self) -> dict:
+        """The served model's architecture fields (`serving.client.MODEL_SIGNATURE_FIELDS`)."""
+        from trl_alloc.serving.client import model_signature
+
+        return model_signature(self.model_runner.model_config.hf_config)
+
     def weights_checksum(self) -> dict:
         """``state_checksum`` of the last push (or None) and a probe of the tied output head."""
         import torch

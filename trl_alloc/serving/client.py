@@ -305,6 +305,18 @@ class AllocVLLMClient(VLLMClient):
             ) from exc
         self._extension_checked = True
 
+    def check_serves(self, config) -> None:
+        """Raise a clear error unless the server serves a model of `config`'s architecture (the trainer's)."""
+        self.check_extension()
+        served, mine = self.collective_rpc("model_signature")[0], model_signature(config)
+        diff = [k for k in MODEL_SIGNATURE_FIELDS if served.get(k) != mine.get(k)]
+        if diff:
+            def show(sig):
+                return ", ".join(f"{k}={sig.get(k)}" for k in diff)
+            raise ValueError(f"The vLLM server at {self.base_url} serves another model than the trainer trains: the "
+                             f"server's has {show(served)}, the trainer's {show(mine)}. Start the server with the "
+                             f"trainer's model (trl-alloc-serve --model {getattr(config, '_name_or_path', '') or 'DIR'}).")
+
     def weights_checksum(self) -> dict:
         """The worker extension's report: ``last_push_checksum``, ``num_pushes``, ``head_follows_embedding``."""
         return self.collective_rpc("weights_checksum")[0]
@@ -429,6 +441,16 @@ class AllocVLLMClient(VLLMClient):
         if reset_prefix_cache:
             self.reset_prefix_cache()
         return None if self._nccl() else self.last_sync
+
+
+MODEL_SIGNATURE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "num_key_value_heads", "intermediate_size")
+
+
+def model_signature(config) -> dict:
+    """The architecture fields of a transformers config that a weight push must match."""
+    text = getattr(config, "text_config", None) or config
+    return {k: getattr(text, k, None) for k in MODEL_SIGNATURE_FIELDS}
 
 
 def _collect(named_params: Iterable[tuple[str, Any]]) -> dict:
