@@ -190,19 +190,26 @@ def test_tiny_model_reloads_offline(tiny_dir):
 
 
 def test_tiny_model_success_rates_are_spread(tiny_dir):
-    from trl_alloc.tiny import evaluate_accuracy, success_histogram
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trl_alloc.evaluation import TransformersBackend, answer_spec, evaluate
+
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
     test = build_dataset("arithmetic", n=32, seed=0, split="test")
-    acc = evaluate_accuracy(tiny_dir, None, test, num_samples=8, temperature=1.0, max_new_tokens=8)
-    hist = success_histogram(acc.per_prompt)
-    print(f"\nmean accuracy {acc.mean:.3f}, per-prompt histogram {hist}")
-    assert len(acc.per_prompt) == 32
-    assert 0.15 <= acc.mean <= 0.75
-    assert hist["(0,1)"] >= 5
-    assert sum(0.1 <= r <= 0.9 for r in acc.per_prompt) >= 4
-    # deterministic given the seed
-    assert evaluate_accuracy(tiny_dir, None, test.select(range(8)), num_samples=4).per_prompt == \
-        evaluate_accuracy(tiny_dir, None, test.select(range(8)), num_samples=4).per_prompt
+
+    def rates(ds, n):
+        res = evaluate(TransformersBackend(model, tok), tok, ds, arithmetic_reward, answer_spec("arithmetic"),
+                       num_samples=n, max_new_tokens=8, progress=False)
+        return [p["num_correct"] / n for p in res.per_prompt]
+
+    per_prompt = rates(test, 8)
+    mean = sum(per_prompt) / len(per_prompt)
+    print(f"\nmean accuracy {mean:.3f}, mixed prompts {sum(0 < r < 1 for r in per_prompt)}")
+    assert len(per_prompt) == 32
+    assert 0.15 <= mean <= 0.75
+    assert sum(0 < r < 1 for r in per_prompt) >= 5
+    assert sum(0.1 <= r <= 0.9 for r in per_prompt) >= 4
+    assert rates(test.select(range(8)), 4) == rates(test.select(range(8)), 4)  # deterministic given the seed
 
 
 def test_default_cache_dir_env(monkeypatch, tmp_path):
@@ -229,10 +236,19 @@ def test_concurrent_builds_share_one_directory(tmp_path):
     assert built == [Path(paths.pop()).name]  # no leftover temporary directory
 
 
+def estimate_share(samples_jsonl):
+    """Share of sampled held-out answers written as a rough estimate ("~40")."""
+    comps = [c for line in Path(samples_jsonl).open() for c in json.loads(line)["completions"]]
+    return sum(c.lstrip().startswith("~") for c in comps) / len(comps)
+
+
 def test_readme_main_command_improves_held_out_accuracy(tiny_dir, tmp_path):
-    """The README's main command (CERO + SARA on the tiny model, the shipped recipe) raises held-out
-    accuracy: the warm-up left the model answering ~40% of prompts with a rough estimate, which the
-    verifier rejects, and RL learns to answer exactly, on prompts it never trained on too."""
+    """The README's main command (CERO + SARA on the tiny model, the shipped recipe) teaches the model
+    to answer exactly instead of with a rough estimate, on held-out prompts too.
+
+    Margins from 10 seeds (docs/benchmarks.md): the estimate share falls from 0.36-0.38 to
+    0.068-0.087 (ratio <= 0.23; asserted <= 0.5) and accuracy rises +0.033 ... +0.074 (mean +0.058,
+    sd 0.012; asserted >= +0.015). lr 0, zeroed advantages and shuffled rewards fail both."""
     out = tmp_path / "demo"
     env = {**os.environ, "TRL_ALLOC_CACHE": str(Path(tiny_dir).parent), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "run_demo.sh"), "--output_dir", str(out)],
@@ -240,9 +256,13 @@ def test_readme_main_command_improves_held_out_accuracy(tiny_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "allocation" / "summary.json").read_text())
     before, after = summary["held_out_accuracy_before"], summary["held_out_accuracy_after"]
-    print(f"\nheld-out accuracy {before:.4f} -> {after:.4f}; spent {summary['responses_spent']} responses")
-    assert re.search(r"held-out accuracy after training: +[0-9.]+ \(before [0-9.]+, \+0\.\d+\)", proc.stdout)
-    assert after - before >= 0.04
+    est_before, est_after = (estimate_share(out / "eval" / phase / "samples.jsonl") for phase in ("before", "after"))
+    print(f"\nheld-out accuracy {before:.4f} -> {after:.4f}; estimates {est_before:.3f} -> {est_after:.3f}; "
+          f"spent {summary['responses_spent']} responses")
+    assert re.search(r"held-out accuracy after training: +[0-9.]+ \(before [0-9.]+, [+-]0\.\d+\)", proc.stdout)
+    assert est_after <= 0.5 * est_before
+    assert after - before >= 0.015
+    assert summary["held_out_prompts"] == 200 and summary["held_out_samples"] == 16
     assert 0.98 * 40 * 256 <= summary["responses_spent"] <= 40 * 256 and summary["rounds"] == 40
     assert (out / "model.safetensors").exists()
 

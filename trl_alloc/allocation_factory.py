@@ -6,8 +6,6 @@ Kept apart from the trainer so simulators and scripts can drive the same pipelin
 import json
 import math
 
-import numpy as np
-
 from .allocation import make_filler, make_pacer
 from .allocation.pipeline import round_arguments
 from .config import CERO_FAMILY

@@ -8,7 +8,6 @@ are dropped, so accuracy is never measured on prompts the policy trained on.
 
 import functools
 import json
-import math
 import os
 from typing import NamedTuple
 

@@ -23,7 +23,6 @@ import string
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 BUILD_VERSION = 1
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -184,70 +183,6 @@ def with_estimates(dataset, fraction: float, seed: int = 0):
     rng = random.Random(f"estimates:{seed}")
     return dataset.map(lambda row: {"answer": estimate_answer(row["answer"]) if rng.random() < fraction
                                     else row["answer"]})
-
-
-# ---------------------------------------------------------------- evaluation
-class Accuracy(NamedTuple):
-    mean: float
-    per_prompt: list[float]
-
-
-def evaluate_accuracy(model_dir_or_model, tokenizer=None, dataset=None, num_samples: int = 8,
-                      temperature: float = 1.0, max_new_tokens: int = 16, reward_fn=None,
-                      batch_size: int = 64, seed: int = 0) -> Accuracy:
-    """Mean accuracy and per-prompt success rates of ``num_samples`` sampled completions.
-
-    ``model_dir_or_model`` is a directory (model and, if ``tokenizer`` is None, tokenizer are
-    loaded from it) or a model. ``temperature <= 0`` means greedy (one sample per prompt).
-    ``reward_fn`` defaults to the Countdown reward when the dataset has a ``target`` column,
-    else the arithmetic reward; every dataset column is passed to it as a kwarg.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .rewards import arithmetic_reward, countdown_reward
-
-    if isinstance(model_dir_or_model, (str, os.PathLike)):
-        model = AutoModelForCausalLM.from_pretrained(model_dir_or_model)
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir_or_model)
-    else:
-        model = model_dir_or_model
-    if dataset is None:
-        raise ValueError("evaluate_accuracy needs a dataset")
-    if reward_fn is None:
-        reward_fn = countdown_reward if "target" in dataset.column_names else arithmetic_reward
-    greedy = temperature is None or temperature <= 0
-    k = 1 if greedy else num_samples
-    tokenizer.padding_side = "left"
-    model.eval()
-    torch.manual_seed(seed)
-    prompts = list(dataset["prompt"])
-    rates = []
-    per_batch = max(1, batch_size // k)
-    for start in range(0, len(prompts), per_batch):
-        chunk = prompts[start:start + per_batch]
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-        gen_kwargs = dict(max_new_tokens=max_new_tokens, num_return_sequences=k,
-                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        if greedy:
-            gen_kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
-        else:
-            gen_kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-        with torch.no_grad():
-            out = model.generate(**enc, **gen_kwargs)
-        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        # repeat each row k times, in generate's order (prompt i's k samples are contiguous)
-        rows = dataset[start:start + len(chunk)]
-        cols = {c: [v for v in vals for _ in range(k)] for c, vals in rows.items() if c != "prompt"}
-        r = reward_fn([p for p in chunk for _ in range(k)], texts, **cols)
-        rates += [sum(r[i * k:(i + 1) * k]) / k for i in range(len(chunk))]
-    return Accuracy(sum(rates) / max(len(rates), 1), rates)
-
-
-def success_histogram(rates: list[float]) -> dict[str, int]:
-    """Counts of prompts at 0, strictly between 0 and 1, and at 1."""
-    return {"0": sum(r == 0 for r in rates), "(0,1)": sum(0 < r < 1 for r in rates),
-            "1": sum(r == 1 for r in rates)}
 
 
 # ---------------------------------------------------------------- cached build
