@@ -305,3 +305,29 @@ def test_local_file_gets_a_disjoint_held_out_split(tmp_path):
     given.write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
     with pytest.raises(ValueError, match="every held-out prompt .* is also a training prompt"):
         load_train_and_test(str(path), test_name=str(given))
+
+
+def test_all_rewards_unscorable_warns_and_trains_nothing(tmp_path, capsys):
+    model, tok, ds, _ = tiny_setup()
+    args = make_args(str(tmp_path), pacing="cero", filling="sara", num_rounds=4, rollout_budget=128,
+                     no_signal_warning_rounds=2)
+    t = AllocGRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [None] * len(completions), args=args,
+                         train_dataset=ds, processing_class=tok)
+    before = params(t)
+    t.train()
+    assert "Likely cause: every reward was None/NaN" in capsys.readouterr().out
+    assert not t.allocation_summary["trained"] and same_params(before, params(t))
+    assert t.allocation_summary["responses_unscored"] == t.allocation_summary["responses_spent"] > 0
+
+
+def test_budget_error_in_responses_before_the_model_loads(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), "--model_name_or_path", str(tmp_path / "no-such-model"),
+         "--dataset_name", "builtin:arithmetic", "--num_builtin_prompts", "64", "--output_dir", str(tmp_path / "o"),
+         "--per_device_train_batch_size", "16", "--num_generations", "8", "--num_train_epochs", "1",
+         "--round_capacity", "8", "--rollout_budget", "4096", "--use_cpu", "--report_to", "none"],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "`rollout_budget` (4096 responses) exceeds what 32 rounds can spend (32 × 32 responses per round)" \
+        in proc.stderr, proc.stderr[-2000:]
+    assert "no-such-model" not in proc.stderr  # the model was never loaded
