@@ -154,6 +154,9 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
                       f"still paced over num_rounds={self.num_rounds} (set --num_rounds to plan a shorter run).")
         else:
             self.args.max_steps = planned
+        if args.dataloader_num_workers and self.accelerator.is_main_process:
+            print(f"[trl-alloc] dataloader_num_workers={args.dataloader_num_workers} has no effect: prompts are "
+                  "picked from the in-memory pool by the allocator, not loaded per step (docs/trl-compatibility.md).")
         self.success_funcs = self._success_func_indices(args)
         self._warn_missing_reward_columns(train_dataset)
         self.pacer = build_pacer(args, num_prompts, self.num_rounds)
