@@ -11,7 +11,7 @@ from test_trainer import make_args, tiny_setup  # noqa: E402
 
 from transformers import TrainerCallback  # noqa: E402
 
-from trl_alloc.trainer import AllocGRPOTrainer  # noqa: E402
+from trl_alloc.trainer import AllocGRPOTrainer, _json_default  # noqa: E402
 
 
 def param_sum(trainer):
@@ -55,7 +55,7 @@ def main():
     if trainer.accelerator.is_main_process:
         record["allocation_state"] = trainer.allocation_state()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(record, f)
+        json.dump(record, f, default=_json_default)
 
 
 if __name__ == "__main__":

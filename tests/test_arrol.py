@@ -296,9 +296,10 @@ def test_round_counts_pruned_responses_as_spent_without_reward():
     assert rnd.effective == 2  # mixed among the observed (surviving) responses
     pacer.update(s, f, spent)
     assert pacer.remaining_responses == 8  # pruned responses were paid for
-    with pytest.raises(ValueError, match="NaN"):  # a NaN reward of a *completed* response is still an error
-        rnd2 = FullFiller(4).start_round([0], budget=4, counts=np.array([4]))
-        rnd2.observe([np.array([np.nan, 1.0, 0.0, 1.0])], pruned=[np.zeros(4, bool)])
+    rnd2 = FullFiller(4).start_round([0], budget=4, counts=np.array([4]))  # a NaN of a *completed* one: unscored
+    rnd2.observe([np.array([np.nan, 1.0, 0.0, 1.0])], pruned=[np.zeros(4, bool)])
+    s, f, spent = rnd2.outcomes(1)
+    assert (s[0], f[0], spent[0]) == (2, 1, 4) and rnd2.unscored == {0: 1} and rnd2.pruned == {}
 
 
 def test_sara_counts_pruned_toward_the_group_but_not_the_posterior():

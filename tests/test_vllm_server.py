@@ -292,6 +292,22 @@ def test_trl_vllm_generation_server_mode_on_cpu(served):
 
 @pytest.mark.slow
 @needs_vllm
+def test_trainer_refuses_a_server_that_serves_another_model(served, tmp_path):
+    """A push of another architecture used to fail with HTTP 500 "Worker failed with error ''"."""
+    from test_trainer import make_args, tiny_setup
+
+    from trl_alloc.trainer import AllocGRPOTrainer
+
+    server, _, _ = served
+    other, tok, ds, reward = tiny_setup()  # another vocabulary and width than the served model
+    args = make_args(str(tmp_path), num_rounds=1, use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url,
+                     vllm_server_timeout=30)
+    with pytest.raises(ValueError, match="serves another model than the trainer trains: the server's has vocab_size="):
+        AllocGRPOTrainer(model=other, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+
+
+@pytest.mark.slow
+@needs_vllm
 def test_wrong_url_raises_clear_error_within_timeout():
     from trl_alloc.serving import AllocVLLMClient, VLLMServerUnreachableError
 
@@ -336,18 +352,3 @@ def test_stop_frees_port_and_client_fails_clearly(served):
         client.generate_groups(PROMPTS[:1], max_tokens=2)
     assert time.monotonic() - t0 < 1.5 + 3
 
-
-@pytest.mark.slow
-@needs_vllm
-def test_trainer_refuses_a_server_that_serves_another_model(served, tmp_path):
-    """A push of another architecture used to fail with HTTP 500 "Worker failed with error ''"."""
-    from test_trainer import make_args, tiny_setup
-
-    from trl_alloc.trainer import AllocGRPOTrainer
-
-    server, _, _ = served
-    other, tok, ds, reward = tiny_setup()  # another vocabulary and width than the served model
-    args = make_args(str(tmp_path), num_rounds=1, use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url,
-                     vllm_server_timeout=30)
-    with pytest.raises(ValueError, match="serves another model than the trainer trains: the server's has vocab_size="):
-        AllocGRPOTrainer(model=other, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)

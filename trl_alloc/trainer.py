@@ -660,8 +660,9 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
               f"trained. Likely cause: {cause}.")
 
     def _allocator_snapshot(self):
-        """The allocator's state at the start of a round (a failed round is rolled back to it)."""
-        if not self.accelerator.is_main_process:
+        """The allocator's state at the start of a round (a failed round is rolled back to it before the
+        rescue checkpoint; without checkpoints there is nothing to roll back for)."""
+        if not self.accelerator.is_main_process or self.args.save_strategy == "no":
             return None
         return json.loads(json.dumps(self.allocation_state(), default=_json_default))
 
