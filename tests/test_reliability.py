@@ -331,3 +331,27 @@ def test_budget_error_in_responses_before_the_model_loads(tmp_path):
     assert "`rollout_budget` (4096 responses) exceeds what 32 rounds can spend (32 × 32 responses per round)" \
         in proc.stderr, proc.stderr[-2000:]
     assert "no-such-model" not in proc.stderr  # the model was never loaded
+
+
+def test_api_type_errors_and_tau_low_auto_everywhere(tmp_path):
+    from trl import TrlParser
+
+    from trl_alloc.config import AllocGRPOConfig
+
+    with pytest.raises(TypeError, match="`rollout_budget` must be an integer, got '256' \\(str\\)"):
+        make_args(str(tmp_path), rollout_budget="256")
+    with pytest.raises(TypeError, match="`num_rounds` must be an integer, got 2.5"):
+        make_args(str(tmp_path), num_rounds=2.5)
+    with pytest.raises(ValueError, match="`tau_low` must be a number in \\(0, 1\\) or 'auto', got 'often'"):
+        make_args(str(tmp_path), tau_low="often")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"output_dir: {tmp_path}\ntau_low: auto\nuse_cpu: true\nbf16: false\nreport_to: none\n")
+    cli = ["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false", "--tau_low"]
+    for argv in (["--config", str(recipe)], cli + ["auto"]):
+        (args,) = TrlParser((AllocGRPOConfig,)).parse_args_and_config(argv)
+        assert args.tau_low == "auto"
+    (args,) = TrlParser((AllocGRPOConfig,)).parse_args_and_config(cli + ["0.3"])
+    assert args.tau_low == 0.3
+    t = build(tmp_path / "run", pacing="cero", filling="sara", num_rounds=2, rollout_budget=64, tau_low="auto")
+    t.train()
+    assert t.filler.state_dict() is not None and t.counters["rounds"] == 2

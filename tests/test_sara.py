@@ -178,6 +178,13 @@ def test_unscored_rewards_are_spent_but_neither_success_nor_failure():
     assert rnd.unscored == {pid: 1} and rnd.stats()["unscored"] == 1 and rnd.spent == int(counts.sum())
 
 
+def test_a_full_uncommitted_group_is_abandoned_even_at_a_zero_threshold():
+    """tau_low="auto" gives τ = (k − n)·η = 0 at n = k: the full, saturated group must still end."""
+    verdict, p = decide(np.array([8, 8, 8]), np.array([0, 8, 4]), 8, tau_low=np.zeros(3),
+                        failures=np.array([8, 0, 3]))  # the third: 1 unscored, so s + f < n
+    assert verdict.tolist() == [ABANDON, ABANDON, COMMIT] and p[0] == p[1] == 0.0
+
+
 def test_bad_rewards_are_rejected():
     rnd = SARAFiller().start_round(np.arange(4), target_groups=2)
     ids, counts = rnd.requests()

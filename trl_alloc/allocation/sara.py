@@ -35,14 +35,15 @@ COMMIT, ABANDON, CONTINUE = 1, -1, 0
 
 
 def decide(n, s, k, tau_low=0.45, commit_min=None, prior=(1.0, 1.0), failures=None):
-    """The rule of eq. 3: COMMIT a mixed group of size >= commit_min, ABANDON when p_eff < τ_low,
-    else CONTINUE. Returns (decision array, p_eff array). `failures`: see `effective_probability`."""
+    """The rule of eq. 3: COMMIT a mixed group of size >= commit_min, ABANDON when p_eff < τ_low
+    or the group is full (n = k) without being committed, else CONTINUE. Returns (decision array,
+    p_eff array). `failures`: see `effective_probability`."""
     commit_min = k if commit_min is None else commit_min
     n, s = np.asarray(n), np.asarray(s)
     f = n - s if failures is None else np.asarray(failures)
     p = effective_probability(n, s, k, prior, f)
     mixed = (s >= 1) & (f >= 1)
-    out = np.where(mixed & (n >= commit_min), COMMIT, np.where(p < tau_low, ABANDON, CONTINUE))
+    out = np.where(mixed & (n >= commit_min), COMMIT, np.where((p < tau_low) | (n >= k), ABANDON, CONTINUE))
     return out, p
 
 
