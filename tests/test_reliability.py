@@ -248,25 +248,6 @@ def test_full_disk_is_reported_on_a_real_small_filesystem(tmp_path):
         subprocess.run(["umount", str(mount)], check=False)
 
 
-def test_rescue_checkpoint_logs_completed_rounds_only(tmp_path):
-    model, tok, ds, _ = tiny_setup()
-    args = make_args(str(tmp_path), pacing="cero", filling="dynamic_sampling", num_rounds=3, rollout_budget=96,
-                     max_generation_batches=1, save_strategy="steps", save_steps=100)
-    calls = []
-
-    def varied_then_never(completions, **kw):
-        calls.append(1)
-        return [float(i % 2) for i in range(len(completions))] if len(calls) == 1 else [0.0] * len(completions)
-
-    t = AllocGRPOTrainer(model=model, reward_funcs=varied_then_never, args=args, train_dataset=ds,
-                         processing_class=tok)
-    with pytest.raises(RuntimeError, match="max_generation_batches"):
-        t.train()
-    state = read_allocation_state(str(tmp_path / "checkpoint-1"))
-    assert state["counters"]["rounds"] == 1 and len(state["history"]) == 1
-    assert len(state["pacer"]["allocation_log"]) == 1 and state["pacer"]["round"] == 1
-
-
 # ---------------------------------------------------------------- data
 
 

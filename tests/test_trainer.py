@@ -350,9 +350,11 @@ def test_importance_sampling_correction_batch(tmp_path):
     torch.testing.assert_close(batch["importance_sampling_ratio"] * batch["completion_mask"], expected)
 
 
-def test_dynamic_sampling_cap_fails_clearly_and_keeps_what_was_trained(tmp_path):
+@pytest.mark.parametrize("pacing,budget", [("uniform", None), ("cero", 96)])
+def test_dynamic_sampling_cap_fails_clearly_and_keeps_what_was_trained(tmp_path, pacing, budget):
+    """The rescue checkpoint holds the completed rounds only: the failed round is rolled back."""
     model, tok, ds, _ = tiny_setup()
-    args = make_args(str(tmp_path), pacing="uniform", filling="dynamic_sampling", num_rounds=3,
+    args = make_args(str(tmp_path), pacing=pacing, filling="dynamic_sampling", num_rounds=3, rollout_budget=budget,
                      max_generation_batches=1, save_strategy="steps", save_steps=100)
     calls = []
 
@@ -367,7 +369,9 @@ def test_dynamic_sampling_cap_fails_clearly_and_keeps_what_was_trained(tmp_path)
     rescued = tmp_path / "checkpoint-1"
     assert (rescued / ALLOCATION_STATE_NAME).is_file() and (rescued / "model.safetensors").is_file()
     state = json.loads((rescued / ALLOCATION_STATE_NAME).read_text())
-    assert state["counters"]["rounds"] == 1
+    assert state["counters"]["rounds"] == 1 and len(state["history"]) == 1
+    if pacing == "cero":  # random_matched replays this log: one entry per completed round
+        assert len(state["pacer"]["allocation_log"]) == 1 and state["pacer"]["round"] == 1
 
 
 def test_prompt_column_required(tmp_path):
