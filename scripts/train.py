@@ -4,7 +4,8 @@
 Arguments are TRL's: the script arguments below, `AllocGRPOConfig` (or `AllocDAPOConfig` with
 `--algorithm dapo`) and `ModelConfig` (LoRA through peft with `--use_peft`), from a YAML recipe
 and/or the command line. `--model_name_or_path tiny` builds (once, cached) the embedded tiny
-model for the built-in task; nothing is downloaded.
+model for the built-in task; `smollm2-135m-instruct` (trl_alloc.models) converts the pip-installed
+SmolLM2 once; nothing is downloaded.
 """
 
 import json
@@ -21,7 +22,8 @@ class ScriptArguments:
 
     algorithm: str = field(default="grpo", metadata={"help": "grpo (AllocGRPOConfig) or dapo (AllocDAPOConfig)."})
     dataset_name: str = field(default="builtin:arithmetic", metadata={
-        "help": "Hub dataset name, a local .jsonl/.json/.parquet/.csv file, or builtin:arithmetic / builtin:countdown."})
+        "help": "Hub dataset name, a local .jsonl/.json/.parquet/.csv file, or builtin:arithmetic / builtin:countdown "
+        "(the tiny model's) / builtin:arithmetic-chat (word problems for instruct models)."})
     dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split used as the prompt pool."})
     dataset_test_split: str | None = field(default="test", metadata={
@@ -99,13 +101,18 @@ def main():
     state = PartialState()
     model_path = model_args.model_name_or_path
     if model_path in (None, "tiny"):
-        if not script_args.dataset_name.startswith("builtin:"):
-            raise ValueError("--model_name_or_path tiny is the embedded model for the built-in tasks; give a real "
-                             "model for dataset " + repr(script_args.dataset_name))
+        if script_args.dataset_name not in ("builtin:arithmetic", "builtin:countdown"):
+            raise ValueError("--model_name_or_path tiny is the embedded model for builtin:arithmetic and "
+                             "builtin:countdown; give a real model (e.g. smollm2-135m-instruct) for dataset "
+                             + repr(script_args.dataset_name))
         from trl_alloc.tiny import get_tiny_model_dir
         with state.main_process_first():  # one rank builds, the others wait and read the cache
             model_path = get_tiny_model_dir(task=script_args.dataset_name.split(":", 1)[1],
                                             progress=state.is_main_process)
+    else:
+        from trl_alloc.models import resolve_model
+        with state.main_process_first():  # a registered name is converted once, by one rank
+            model_path = resolve_model(model_path, progress=state.is_main_process)
     data_kw = dict(config=script_args.dataset_config, prompt_column=script_args.prompt_column,
                    answer_column=script_args.answer_column, seed=training_args.seed,
                    levels=tuple(script_args.builtin_levels) if script_args.builtin_levels else None)

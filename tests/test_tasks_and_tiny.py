@@ -29,12 +29,42 @@ def test_generation_is_deterministic_by_seed(task):
     assert all(isinstance(p, str) and isinstance(s, str) for p, s in zip(a["prompt"], a["answer"]))
 
 
-@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+@pytest.mark.parametrize("task", ["arithmetic", "countdown", "arithmetic-chat"])
 def test_train_and_test_are_disjoint(task):
-    train = set(build_dataset(task, n=3000, seed=0, split="train")["prompt"])
-    test = build_dataset(task, n=500, seed=0, split="test")["prompt"]
-    other_seed_test = build_dataset(task, n=500, seed=1, split="test")["prompt"]
+    def prompts(**kw):
+        return [json.dumps(p) for p in build_dataset(task, **kw)["prompt"]]
+
+    train = set(prompts(n=3000, seed=0, split="train"))
+    test, other_seed_test = prompts(n=500, seed=0, split="test"), prompts(n=500, seed=1, split="test")
     assert not train & set(test) and not train & set(other_seed_test)
+
+
+def test_word_problems_are_chat_prompts_with_checked_answers():
+    """builtin:arithmetic-chat: one user message asking for \\boxed{}, five levels, right answers."""
+    ds = build_dataset("arithmetic-chat", n=500, seed=0)
+    assert set(ds["difficulty"]) == {1, 2, 3, 4, 5}
+    for row in ds:
+        (message,) = row["prompt"]
+        assert message["role"] == "user" and message["content"].endswith("Put the final answer in \\boxed{}.")
+        nums = [int(x) for x in re.findall(r"\d+", message["content"])]
+        text = message["content"]
+        if "gets" in text:
+            want = nums[0] + nums[1]
+        elif "gives" in text and "buys" not in text:
+            want = nums[0] - nums[1]
+        elif "in each box" in text:
+            want = nums[0] * nums[1]
+        elif "buys" in text:
+            want = nums[0] + nums[1] - nums[2]
+        elif "loose" in text:
+            want = nums[0] * nums[1] + nums[2]
+        else:
+            want = nums[0] * nums[1] - nums[2]
+        assert want == int(row["answer"]) >= 0, text
+    reward = math_reward([ds[0]["prompt"]] * 2, [[{"role": "assistant", "content": f"so \\boxed{{{ds[0]['answer']}}}"}],
+                                                [{"role": "assistant", "content": "\\boxed{-1}"}]],
+                         answer=[ds[0]["answer"]] * 2)
+    assert reward == [1.0, 0.0]
 
 
 def test_arithmetic_format_and_difficulty_spread():

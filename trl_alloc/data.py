@@ -197,6 +197,7 @@ def check_reward_output(name, out, completions):
 def reward_for_dataset(name, reward="auto"):
     """`auto`: the exact verifier of a built-in task, else math answers via math-verify."""
     from .rewards import reward_for_task
-    if reward == "auto":
-        reward = name.split(":", 1)[1] if name.startswith("builtin:") else "math"
+    if reward == "auto":  # the built-in tasks' own verifiers; arithmetic-chat answers in \boxed{}: math-verify
+        task = name.split(":", 1)[1] if name.startswith("builtin:") else "math"
+        reward = task if task in ("arithmetic", "countdown") else "math"
     return checked_reward(reward_for_task(reward))

@@ -1,8 +1,10 @@
 """Synthetic verifiable tasks, built locally and deterministically from a seed.
 
-Two tasks, both in TRL's standard (non-conversational) format: a plain-string ``prompt`` and a
-string ``answer`` column, plus a ``difficulty`` column (and ``numbers``/``target`` for Countdown,
-which the Countdown reward reads from the reward-function kwargs).
+Two tasks for the tiny model in TRL's standard (non-conversational) format: a plain-string
+``prompt`` and a string ``answer`` column, plus a ``difficulty`` column (and ``numbers``/``target``
+for Countdown, which the Countdown reward reads from the reward-function kwargs). A third,
+``arithmetic-chat`` (``word_problems.py``), is for real instruct models: conversational prompts,
+answers in ``\\boxed{}``.
 
 * ``arithmetic``: ``"12+7="`` -> ``"19"``; +, - (non-negative results) and * over 1-3 digit
   numbers, difficulty 1 (one-digit sums) to 5 (three-digit sums and differences, two-digit
@@ -21,7 +23,10 @@ import random
 import re
 from fractions import Fraction
 
-TASKS = ("arithmetic", "countdown")
+from .word_problems import LEVELS as WORD_PROBLEM_LEVELS
+from .word_problems import chat_prompt, word_problem
+
+TASKS = ("arithmetic", "countdown", "arithmetic-chat")
 TEST_FRACTION = 0.2
 # difficulty -> (operator, digits of a, digits of b) choices, each equally likely
 ARITH_LEVEL_OPS = {
@@ -33,6 +38,7 @@ ARITH_LEVEL_OPS = {
 }
 ARITH_LEVELS = tuple(ARITH_LEVEL_OPS)
 COUNTDOWN_LEVELS = (1, 2, 3)  # 2..4 numbers
+CHAT_LEVELS = tuple(WORD_PROBLEM_LEVELS)
 COUNTDOWN_PROMPT_RE = re.compile(r"use ([\d ]+) to make (\d+):")
 
 
@@ -118,7 +124,7 @@ def generate_problems(task: str = "arithmetic", n: int = 1000, seed: int = 0, sp
         raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    valid = ARITH_LEVELS if task == "arithmetic" else COUNTDOWN_LEVELS
+    valid = {"arithmetic": ARITH_LEVELS, "countdown": COUNTDOWN_LEVELS, "arithmetic-chat": CHAT_LEVELS}[task]
     levels = tuple(levels or valid)
     unknown = [lv for lv in levels if lv not in valid]
     if unknown:
@@ -132,6 +138,9 @@ def generate_problems(task: str = "arithmetic", n: int = 1000, seed: int = 0, sp
             if task == "arithmetic":
                 prompt, answer = arithmetic_problem(rng, difficulty)
                 row = {"prompt": prompt, "answer": answer, "difficulty": difficulty}
+            elif task == "arithmetic-chat":
+                prompt, answer = word_problem(rng, difficulty)  # the question decides the split
+                row = {"prompt": chat_prompt(prompt), "answer": answer, "difficulty": difficulty}
             else:
                 prompt, answer, nums, target = countdown_problem(rng, difficulty)
                 row = {"prompt": prompt, "answer": answer, "difficulty": difficulty,
@@ -143,7 +152,7 @@ def generate_problems(task: str = "arithmetic", n: int = 1000, seed: int = 0, sp
             if attempt >= 100:  # this level's problem space in this split is used up
                 exhausted.add(difficulty)
                 break
-        seen.add(row["prompt"])
+        seen.add(prompt)
         rows.append(row)
     return rows
 

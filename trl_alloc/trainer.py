@@ -130,6 +130,9 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
                                  "single-turn response per request row.")
         args, reward_funcs = self._extra_reward_funcs(args, reward_funcs)
         reward_funcs = _checked_reward_funcs(reward_funcs)
+        if isinstance(model, str):  # a registered name (trl_alloc.models) becomes its local folder
+            from .models import resolve_model
+            model = resolve_model(model)
         server_mode = args.use_vllm and args.vllm_mode == "server"
         if server_mode:  # our client: NCCL weight sync on CUDA, an in-place reload elsewhere; clear timeouts
             from .serving.client import patch_trl_vllm_client
