@@ -14,8 +14,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,9 +64,7 @@ def source_file(name) -> Path:
 
 def get_model_dir(name, cache_dir=None, progress=True) -> str:
     """The cached local folder of registered model `name`, converting it once if needed."""
-    from filelock import FileLock
-
-    from .tiny import default_cache_dir
+    from .tiny import build_once, default_cache_dir
 
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; the registered ones are {', '.join(MODELS)} (or give a Hub id "
@@ -79,25 +75,12 @@ def get_model_dir(name, cache_dir=None, progress=True) -> str:
     stat = src.stat()
     key = hashlib.sha256(f"{src.name}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{name}-{key}"
-    done = final / "trl_alloc_model.json"
-    if done.exists():
-        return str(final)
-    with FileLock(str(final) + ".lock"):
-        if done.exists():
-            return str(final)
-        tmp = root / f".{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            convert_gguf(src, tmp, progress=progress)
-            (tmp / "trl_alloc_model.json").write_text(json.dumps({"name": name, "source": str(src)}, indent=1))
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(final)
+
+    def build(folder):
+        convert_gguf(src, folder, progress=progress)
+        (folder / "trl_alloc_model.json").write_text(json.dumps({"name": name, "source": str(src)}, indent=1))
+
+    return build_once(root / f"{name}-{key}", "trl_alloc_model.json", build)
 
 
 def convert_gguf(gguf_path, out_dir, progress=True):

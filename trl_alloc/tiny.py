@@ -227,23 +227,31 @@ def get_tiny_model_dir(cache_dir: str | os.PathLike | None = None, task: str = "
     (e.g. two ``accelerate launch`` ranks) serialise on a file lock; the build is written to a
     temporary directory and renamed into place, so a reader never sees a partial model.
     """
-    from filelock import FileLock
-
     cfg = TinyBuildConfig(task=task, **overrides)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"tiny-{task}-{cfg.key()}"
-    done = final / "trl_alloc_build.json"
+    return build_once(root / f"tiny-{task}-{cfg.key()}", "trl_alloc_build.json",
+                      lambda tmp: build_tiny_model_dir(tmp, cfg, num_threads=num_threads, progress=progress))
+
+
+def build_once(final: Path, marker: str, build) -> str:
+    """`final`, made by `build(folder)` (which writes `marker` last) unless it is already there.
+
+    Concurrent callers serialise on a file lock; the build goes to a temporary folder renamed into
+    place, so a reader never sees a partial one."""
+    from filelock import FileLock
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    done = final / marker
     if done.exists():
         return str(final)
     with FileLock(str(final) + ".lock"):
         if done.exists():
             return str(final)
-        tmp = root / f".{final.name}.tmp-{os.getpid()}"
+        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            build_tiny_model_dir(tmp, cfg, num_threads=num_threads, progress=progress)
-            if final.exists():  # a stale, incomplete directory from a crashed build
+            build(tmp)
+            if final.exists():  # a stale, incomplete folder from a crashed build
                 shutil.rmtree(final)
             os.replace(tmp, final)
         finally:
