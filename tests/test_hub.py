@@ -104,3 +104,16 @@ def test_push_carries_policy_allocator_state_args_plots_and_card(tmp_path, hub, 
                    "alloc/groups_abandoned", "alloc/egr", "alloc/pacing_gap", "alloc/time_share", "reward"):
         assert f"train/{metric}" in scalars, metric
     assert len(hub.uploads) >= 3     # checkpoint pushes (root + last-checkpoint) and the final push
+
+
+def test_card_says_which_held_out_split_was_used(tmp_path):
+    from test_trainer import make_args
+
+    from trl_alloc.hub import render_model_card
+
+    evaluation = {"held_out_accuracy_before": 0.2, "held_out_accuracy_after": 0.25,
+                  "held_out_split": "10 rows held out of data.jsonl (10%, seed 0); the pool is the other 90",
+                  "held_out_prompts": 10, "held_out_samples": 4}
+    card = str(render_model_card(make_args(str(tmp_path)), {"rounds": 2}, "run", evaluation=evaluation))
+    assert "| held_out_split | 10 rows held out of data.jsonl (10%, seed 0); the pool is the other 90 |" in card
+    assert "| `success_threshold` | 0.5 |" in card
