@@ -2,8 +2,9 @@
 """Method benchmark (a script that prints and saves figures, not a test): every sampling method at the
 same total response budget, from the same starting checkpoint and seed.
 
-Methods (all on the embedded tiny arithmetic model, same prompt pool, k = num_generations, same
-max_completion_length, same optimizer settings):
+Methods (all on the same model — the embedded tiny arithmetic model by default, or a real one with
+``--model smollm2-135m-instruct --dataset builtin:arithmetic-chat`` — same prompt pool, k =
+num_generations, same max_completion_length, same optimizer settings):
 
   stock         TRL ``GRPOTrainer`` (the peer), ``max_steps = budget // batch`` so it spends the budget
   dapo          DAPO dynamic sampling          (pacing uniform,        filling dynamic_sampling)
@@ -35,6 +36,9 @@ round), and PNGs: ``egr_vs_budget.png`` (cumulative), ``pacing_gap.png``,
     python scripts/bench.py --quick                       # ~10 rounds x 256 responses, 1 seed
     python scripts/bench.py                                # full mode: 3 seeds, 40 rounds, 200 x 8 held-out
     python scripts/bench.py --quick --methods stock,dapo,cero,random_matched
+    python scripts/bench.py --model smollm2-135m-instruct --dataset builtin:arithmetic-chat --levels 1 2 3 \
+        --methods stock,dapo,cero,cero_sara,cero_sara_arrol --batch 16 --num_generations 4 \
+        --max_completion_length 128 --temperature 0.3 --learning_rate 3e-6 --seeds 1   # ARROL detects at 128 // 4
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import tempfile
 import time
 
 from trl_alloc.benchmarking import RoundRecorder, check_batch, cpu_run_kwargs, parse_choices, quiet, selection_figures
+from trl_alloc.tasks import TASKS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -84,6 +89,14 @@ def parse_args(argv=None):
                    help="total responses per run (default rounds × batch); stock gets budget // batch steps")
     p.add_argument("--methods", default=",".join(METHODS), help="comma list from " + ",".join(METHODS))
     p.add_argument("--output_dir", default="outputs/bench")
+    p.add_argument("--model", default="tiny", help="tiny (the embedded model), a registered name "
+                   "(smollm2-135m-instruct), a local folder or a Hub id")
+    p.add_argument("--dataset", default="builtin:arithmetic", choices=[f"builtin:{t}" for t in TASKS],
+                   help="the built-in task (train and held-out prompts are disjoint by construction)")
+    p.add_argument("--levels", type=int, nargs="+", default=None, help="difficulty levels of the task (default all)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, in training and evaluation")
+    p.add_argument("--detect_length", type=int, default=None,
+                   help="ARROL's detection length; default 2 for the tiny model, else max_completion_length // 4")
     p.add_argument("--num_generations", type=int, default=8, help="group size k")
     p.add_argument("--batch", type=int, default=256, help="responses per round (stock: generation batch)")
     p.add_argument("--max_completion_length", type=int, default=8)
@@ -106,6 +119,9 @@ def parse_args(argv=None):
     args.num_prompts = args.num_prompts or (128 if args.quick else 256)
     args.budget = args.budget or args.rounds * args.batch
     args.methods = parse_choices(p, args.methods, METHODS, "method")
+    args.detect_length = args.detect_length or (2 if args.model == "tiny" else max(1, args.max_completion_length // 4))
+    if args.model == "tiny" and args.dataset != "builtin:arithmetic":
+        p.error("--model tiny is the embedded model of builtin:arithmetic; give --model for another --dataset")
     check_batch(p, args)
     if args.budget % args.batch:
         p.error(f"--budget ({args.budget}) must be a multiple of --batch ({args.batch}) so stock TRL can match it")
@@ -145,7 +161,7 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
 
     stages = METHODS[method][1]
     common = cpu_run_kwargs(run_dir, opts.batch, opts.num_generations, opts.max_completion_length, seed,
-                            learning_rate=opts.learning_rate)
+                            learning_rate=opts.learning_rate, temperature=opts.temperature)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -158,6 +174,8 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
                               processing_class=tokenizer)
     else:
         extra = dict(stages)
+        if "detect_length" in extra:
+            extra["detect_length"] = opts.detect_length
         if method == "random_matched":
             extra["random_matched_reference"] = cero_state
         trainer = AllocGRPOTrainer(model=model, reward_funcs=recorder.wrap(reward), train_dataset=dataset,
@@ -203,8 +221,10 @@ def evaluate_model(model, tokenizer, test_ds, reward, opts, seed):
     from trl_alloc.evaluation import TransformersBackend, answer_spec, evaluate
 
     backend = TransformersBackend(model, tokenizer, batch_size=256)
-    res = evaluate(backend, tokenizer, test_ds, reward, answer_spec("arithmetic"), ks=(opts.eval_k,),
-                   num_samples=opts.eval_k, temperature=1.0, max_new_tokens=opts.max_completion_length,
+    task = opts.dataset.split(":", 1)[1]
+    spec = answer_spec(task if task in ("arithmetic", "countdown") else "math")
+    res = evaluate(backend, tokenizer, test_ds, reward, spec, ks=(opts.eval_k,),
+                   num_samples=opts.eval_k, temperature=opts.temperature, max_new_tokens=opts.max_completion_length,
                    seed=seed, progress=False)
     m = res.metrics[opts.eval_k]
     return {"avg": m["avg"], "pass": m["pass"], "maj": m["maj"]}
@@ -294,7 +314,7 @@ def markdown_table(rows, opts, start=None):
             f"{_fmt(r['responses'], '.0f')} | {_fmt(r['rounds'], '.1f')} | {_fmt(r['wall_s'], '.1f')} | {_fmt(r['allocator_share'], '.2f', 100)} |")
     note = (f"\nBudget {opts.budget} responses ({opts.rounds} rounds × {opts.batch}; stock: {opts.budget // opts.batch} "
             f"steps), k={opts.num_generations}, max_completion_length={opts.max_completion_length}, "
-            f"prompt pool {opts.num_prompts}, held-out: {opts.eval_prompts} test prompts × {opts.eval_k} samples (T=1). "
+            f"prompt pool {opts.num_prompts}, held-out: {opts.eval_prompts} test prompts × {opts.eval_k} samples (T={opts.temperature:g}). "
             "Eff. group = a group with mixed rewards; rate = effective / groups touched. Ratio to DAPO = responses "
             "per effective group ÷ DAPO dynamic sampling's (paired per seed). Δ = method − stock GRPOTrainer, or "
             "− the untrained start checkpoint (paired per seed), percentage points. Allocator share = allocator "
@@ -440,8 +460,16 @@ def main(argv=None):
     if opts.threads:
         torch.set_num_threads(opts.threads)
     t_all = time.perf_counter()
-    model_dir = load_earlier_run(opts.from_json)["model_dir"] if opts.from_json else get_tiny_model_dir(task="arithmetic")
-    reward = reward_for_dataset("builtin:arithmetic")
+    if opts.from_json:
+        model_dir = load_earlier_run(opts.from_json)["model_dir"]
+    elif opts.model == "tiny":
+        model_dir = get_tiny_model_dir(task="arithmetic")
+    else:
+        from trl_alloc.models import resolve_model
+        model_dir = resolve_model(opts.model)
+    reward = reward_for_dataset(opts.dataset)
+    task = opts.dataset.split(":", 1)[1]
+    levels = tuple(opts.levels) if opts.levels else None
     methods = list(opts.methods)
     if "random_matched" in methods and "cero" not in methods:
         methods.insert(methods.index("random_matched"), "cero")  # random_matched replays CERO's sizes
@@ -462,8 +490,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for s in range(0 if opts.from_json else opts.seeds):
             seed = opts.seed + s
-            dataset = build_dataset("arithmetic", n=opts.num_prompts, seed=seed, split="train")
-            test_ds = build_dataset("arithmetic", n=opts.eval_prompts, seed=10_000 + seed, split="test")
+            dataset = build_dataset(task, n=opts.num_prompts, seed=seed, split="train", levels=levels)
+            test_ds = build_dataset(task, n=opts.eval_prompts, seed=10_000 + seed, split="test", levels=levels)
             cero_state = None
             start = evaluate_model(AutoModelForCausalLM.from_pretrained(model_dir),
                                    AutoTokenizer.from_pretrained(model_dir), test_ds, reward, opts, seed)

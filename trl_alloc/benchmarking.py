@@ -1,10 +1,11 @@
 """Shared pieces of the benchmark scripts (`scripts/bench*.py`) and the trainer tests."""
 
 
-def cpu_run_kwargs(output_dir, batch, num_generations, max_completion_length, seed, learning_rate=1e-4, **extra):
+def cpu_run_kwargs(output_dir, batch, num_generations, max_completion_length, seed, learning_rate=1e-4,
+                   temperature=1.0, **extra):
     """GRPOConfig keyword arguments every CPU benchmark run shares (stock TRL and trl-alloc alike)."""
     return dict(output_dir=output_dir, per_device_train_batch_size=batch, num_generations=num_generations,
-                max_completion_length=max_completion_length, temperature=1.0, learning_rate=learning_rate,
+                max_completion_length=max_completion_length, temperature=temperature, learning_rate=learning_rate,
                 lr_scheduler_type="constant", beta=0.0, loss_type="dapo", logging_steps=1, report_to=[],
                 save_strategy="no", bf16=False, use_cpu=True, gradient_checkpointing=False, seed=seed,
                 disable_tqdm=True, **extra)
@@ -81,9 +82,11 @@ class RoundRecorder:
     reward call a round; trl-alloc's trainers call `new_round()` from their `_run_round`."""
 
     def __init__(self, prompts):
+        from .data import prompt_key
+
         self.index = {}
         for i, p in enumerate(prompts):
-            self.index.setdefault(p, i)
+            self.index.setdefault(prompt_key(p), i)
         self.num_prompts = len(prompts)
         self.rounds = []  # per round: {prompt index: [rewards]}
 
@@ -91,6 +94,8 @@ class RoundRecorder:
         self.rounds.append({})
 
     def wrap(self, reward, per_call=False):
+        from .data import prompt_key
+
         def recorded(prompts, completions, completion_ids=None, **kwargs):
             out = reward(prompts, completions, completion_ids=completion_ids, **kwargs)
             if per_call or not self.rounds:
@@ -99,7 +104,7 @@ class RoundRecorder:
             for prompt, cid, r in zip(prompts, ids, out):
                 if cid is not None and len(cid) == 0:
                     continue
-                self.rounds[-1].setdefault(self.index[prompt], []).append(float(r))
+                self.rounds[-1].setdefault(self.index[prompt_key(prompt)], []).append(float(r))
             return out
 
         recorded.__name__ = getattr(reward, "__name__", "reward")
