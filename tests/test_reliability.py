@@ -336,3 +336,13 @@ def test_api_type_errors_and_tau_low_auto_everywhere(tmp_path):
     t = build(tmp_path / "run", pacing="cero", filling="sara", num_rounds=2, rollout_budget=64, tau_low="auto")
     t.train()
     assert t.filler.state_dict() is not None and t.counters["rounds"] == 2
+
+
+def test_the_verifier_is_the_default_success_signal_wherever_it_stands(tmp_path):
+    from trl_alloc.data import reward_for_dataset
+
+    model, tok, ds, _ = tiny_setup()
+    t = AllocGRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [1.0] * len(completions),
+                                                    reward_for_dataset("builtin:arithmetic")],
+                         args=make_args(str(tmp_path), num_rounds=1), train_dataset=ds, processing_class=tok)
+    assert t.success_funcs == [1]

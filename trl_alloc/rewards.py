@@ -130,6 +130,10 @@ arithmetic_reward.__name__ = "arithmetic_reward"
 countdown_reward.__name__ = "countdown_reward"
 math_reward.__name__ = "math_reward"
 
+# trl-alloc's correctness verifiers: the default success signal of the trainers (`success_reward_funcs`)
+for _verifier in (arithmetic_reward, countdown_reward, math_reward):
+    _verifier.trl_alloc_verifier = True
+
 REWARDS = {"arithmetic": arithmetic_reward, "countdown": countdown_reward, "math": math_reward}
 
 

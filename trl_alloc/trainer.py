@@ -52,7 +52,6 @@ from .data import checked_reward
 from .hub import HubMixin
 from .pruning import build_pruner, generate_with_pruning
 
-VERIFIERS = ("math_reward", "arithmetic_reward", "countdown_reward")  # trl-alloc's correctness rewards
 TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
                      "environments"}
 
@@ -192,7 +191,7 @@ class AllocGRPOTrainer(HubMixin, GRPOTrainer):
                 raise ValueError(f"`success_reward_funcs` names {unknown[0]!r}, which is not a reward function of "
                                  f"this run ({', '.join(names)}).")
             return [names.index(n) for n in args.success_reward_funcs]
-        verifiers = [i for i, n in enumerate(names) if n in VERIFIERS]
+        verifiers = [i for i, f in enumerate(self.reward_funcs) if getattr(f, "trl_alloc_verifier", False)]
         return verifiers or [0]
 
     def _warn_missing_reward_columns(self, dataset):
