@@ -197,11 +197,14 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
     rewards = [x["reward"] for x in trainer.state.log_history if "reward" in x]
     survivors = [x["pruning/survivor_positive_ratio"] for x in trainer.state.log_history
                  if "pruning/survivor_positive_ratio" in x]
+    # the quality head's AUC on each round's completed rollouts, measured before it trains on them
+    aucs = [x["arrol/head_auc"] for x in trainer.state.log_history if "arrol/head_auc" in x]
     out = {"method": method, "seed": seed, "wall_s": wall, "history": log,
            "train_reward": statistics.fmean(rewards) if rewards else None, "state_path": state_path,
            "selection": selection_figures(recorder.rounds, len(dataset)),
            "curve_survivor_positive_ratio": survivors,
-           "survivor_positive_ratio": statistics.fmean(survivors) if survivors else None}
+           "survivor_positive_ratio": statistics.fmean(survivors) if survivors else None,
+           "curve_head_auc": aucs, "head_auc": statistics.fmean(aucs) if aucs else None}
     model = trainer.model
     del trainer
     return out, model, tokenizer
@@ -247,6 +250,7 @@ def run_figures(run, budget, planned_rounds):
         "egr": eff / groups if groups else 0.0,
         "responses_per_eff": resp / eff if eff else float("inf"),
         "tokens_per_eff": toks / eff if eff else float("inf"),
+        "seconds_per_eff": run["wall_s"] / eff if eff else float("inf"),
         "allocator_s": alloc, "allocator_share": alloc / run["wall_s"] if run["wall_s"] else 0.0,
         "curve_cum_responses": cum.tolist(),
         "curve_egr": (np.cumsum([r["effective_groups"] for r in h])
@@ -260,7 +264,7 @@ def run_figures(run, budget, planned_rounds):
 
 SCALARS = ("avg", "pass", "egr", "responses_per_eff", "tokens_per_eff", "wall_s", "allocator_share", "responses", "rounds",
            "effective_groups", "d_avg_vs_stock", "d_pass_vs_stock", "rpe_ratio_vs_dapo", "d_avg_vs_start",
-           "survivor_positive_ratio")
+           "survivor_positive_ratio", "head_auc", "seconds_per_eff")
 
 
 def summarise(runs, methods):
@@ -302,7 +306,7 @@ def markdown_table(rows, opts, start=None):
     head = (f"| method | seeds | avg@{k} % | pass@{k} % | Δavg@{k} vs start (pp) | Δavg@{k} vs stock (pp) | "
             f"Δpass@{k} vs stock (pp) | "
             "eff. group rate % | responses / eff. group | ratio to DAPO | tokens / eff. group | responses | optimizer steps | "
-            "wall s | allocator share % |")
+            "wall s | s / eff. group | allocator share % |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m, r in rows.items():
         lines.append(
@@ -311,18 +315,25 @@ def markdown_table(rows, opts, start=None):
             f"{_fmt(r['d_pass_vs_stock'], '.1f', 100, True)} | "
             f"{_fmt(r['egr'], '.1f', 100)} | {_fmt(r['responses_per_eff'], '.1f')} | "
             f"{_fmt(r['rpe_ratio_vs_dapo'], '.2f')} | {_fmt(r['tokens_per_eff'], '.1f')} | "
-            f"{_fmt(r['responses'], '.0f')} | {_fmt(r['rounds'], '.1f')} | {_fmt(r['wall_s'], '.1f')} | {_fmt(r['allocator_share'], '.2f', 100)} |")
+            f"{_fmt(r['responses'], '.0f')} | {_fmt(r['rounds'], '.1f')} | {_fmt(r['wall_s'], '.1f')} | {_fmt(r['seconds_per_eff'], '.1f')} | "
+            f"{_fmt(r['allocator_share'], '.2f', 100)} |")
     note = (f"\nBudget {opts.budget} responses ({opts.rounds} rounds × {opts.batch}; stock: {opts.budget // opts.batch} "
             f"steps), k={opts.num_generations}, max_completion_length={opts.max_completion_length}, "
             f"prompt pool {opts.num_prompts}, held-out: {opts.eval_prompts} test prompts × {opts.eval_k} samples (T={opts.temperature:g}). "
             "Eff. group = a group with mixed rewards; rate = effective / groups touched. Ratio to DAPO = responses "
             "per effective group ÷ DAPO dynamic sampling's (paired per seed). Δ = method − stock GRPOTrainer, or "
-            "− the untrained start checkpoint (paired per seed), percentage points. Allocator share = allocator "
+            "− the untrained start checkpoint (paired per seed), percentage points. s / eff. group = train() "
+            "wall-clock ÷ effective groups. Allocator share = allocator "
             "seconds ÷ train() wall-clock.")
     survivors = [f"{METHODS[m][0]} {_fmt(rows[m]['survivor_positive_ratio'], '.3f')}" for m in PRUNING_METHODS
                  if m in rows and rows[m]["survivor_positive_ratio"] is not None]
     if survivors:
         note += " Survivors' positive ratio (mean over rounds after the cold start): " + ", ".join(survivors) + "."
+    aucs = [f"{METHODS[m][0]} {_fmt(rows[m]['head_auc'], '.3f')}" for m in PRUNING_METHODS
+            if m in rows and rows[m].get("head_auc") is not None]
+    if aucs:
+        note += (" Quality head AUC (mean over rounds, on each round's completed rollouts before the head trains on "
+                 "them): " + ", ".join(aucs) + ".")
     if start:
         note += f" Start checkpoint: avg@{k} {_fmt(start['avg'], '.1f', 100)} %, pass@{k} {_fmt(start['pass'], '.1f', 100)} %."
     return "\n".join(lines) + "\n" + note
@@ -513,6 +524,8 @@ def main(argv=None):
                 run_figures(run, opts.budget, opts.rounds)
                 run.pop("state_path", None)
                 runs.append(run)
+                with open(os.path.join(opts.output_dir, "bench.partial.json"), "w", encoding="utf-8") as f:
+                    json.dump({"settings": vars(opts), "start_runs": starts, "runs": runs}, f, default=_json_default)
                 print(f"[bench] seed {seed} {m:16s}: {run['responses']} resp, egr {run['egr']:.3f}, "
                       f"resp/eff {run['responses_per_eff']:.1f}, avg@{opts.eval_k} {run['avg']:.3f}, "
                       f"pass@{opts.eval_k} {run['pass']:.3f}, train {run['wall_s']:.1f} s "
