@@ -21,7 +21,7 @@ num_generations, same max_completion_length, same optimizer settings):
 Per method: held-out avg@k and pass@k (``trl_alloc.evaluation``, transformers backend, k samples per
 prompt on held-out test prompts), effective-group rate (groups with mixed rewards / groups touched),
 responses and completion tokens per effective group, wall-clock of ``train()``, and the allocator's share
-of it (``trainer.history``). For stock TRL the groups are counted at the reward call (consecutive
+of it (``trainer.engine.history``). For stock TRL the groups are counted at the reward call (consecutive
 ``num_generations`` completions of one prompt). Ratio columns: responses per effective group relative
 to DAPO dynamic sampling, held-out avg@k / pass@k minus stock GRPOTrainer's (and the start checkpoint's).
 How each run chose prompts is judged by one method-independent observer (``selection_figures``: a
@@ -52,8 +52,8 @@ import sys
 import tempfile
 import time
 
-from trl_alloc.benchmarking import RoundRecorder, check_batch, cpu_run_kwargs, parse_choices, quiet, selection_figures
-from trl_alloc.tasks import TASKS
+from trl_alloc.reporting.benchmarking import RoundRecorder, check_batch, cpu_run_kwargs, parse_choices, quiet, selection_figures
+from trl_alloc.tasks.builtin import TASKS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -156,7 +156,7 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_alloc.config import AllocGRPOConfig
+    from trl_alloc.trainer.config import AllocGRPOConfig
     from trl_alloc.trainer import AllocGRPOTrainer
 
     stages = METHODS[method][1]
@@ -189,7 +189,7 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
     wall = time.perf_counter() - t0
     state_path = None
     if stages is not None:
-        log = [dict(h) for h in trainer.history]
+        log = [dict(h) for h in trainer.engine.history]
         if method == "cero":  # the reference random_matched replays
             state_path = os.path.join(run_dir, "allocation_state.json")
             with open(state_path, "w", encoding="utf-8") as f:
@@ -464,9 +464,9 @@ def main(argv=None):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_alloc.data import reward_for_dataset
-    from trl_alloc.tasks import build_dataset
-    from trl_alloc.tiny import get_tiny_model_dir
+    from trl_alloc.tasks.data import reward_for_dataset
+    from trl_alloc.tasks.builtin import build_dataset
+    from trl_alloc.tasks.tiny import get_tiny_model_dir
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -476,7 +476,7 @@ def main(argv=None):
     elif opts.model == "tiny":
         model_dir = get_tiny_model_dir(task="arithmetic")
     else:
-        from trl_alloc.models import resolve_model
+        from trl_alloc.tasks.models import resolve_model
         model_dir = resolve_model(opts.model)
     reward = reward_for_dataset(opts.dataset)
     task = opts.dataset.split(":", 1)[1]

@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from trl_alloc.benchmarking import cpu_run_kwargs, quiet, step_timer
+from trl_alloc.reporting.benchmarking import cpu_run_kwargs, quiet, step_timer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -110,7 +110,7 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.trainer_callback import PrinterCallback
 
-    from trl_alloc.config import AllocGRPOConfig
+    from trl_alloc.trainer.config import AllocGRPOConfig
     from trl_alloc.trainer import AllocGRPOTrainer
 
     args = AllocGRPOConfig(
@@ -144,7 +144,7 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
     trainer.train()
     train_s = time.perf_counter() - t0
 
-    hist = trainer.history
+    hist = trainer.engine.history
     logs = [h for h in trainer.state.log_history if "alloc/round" in h]
     cold = opts.cold_start_steps if variant != "none" else 0
 
@@ -227,10 +227,10 @@ def main(argv=None):
     import trl
     from transformers import AutoModelForCausalLM
 
-    from trl_alloc.rewards import arithmetic_reward
+    from trl_alloc.tasks.rewards import arithmetic_reward
     from trl_alloc.serving import AllocVLLMClient, start_server
-    from trl_alloc.tasks import build_dataset
-    from trl_alloc.tiny import get_tiny_model_dir
+    from trl_alloc.tasks.builtin import build_dataset
+    from trl_alloc.tasks.tiny import get_tiny_model_dir
 
     if opts.threads:
         torch.set_num_threads(opts.threads)

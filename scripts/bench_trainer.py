@@ -12,7 +12,7 @@ Each variant is warmed up once (one short run, not recorded), then run ``--repea
 interleaved, rotating order (a b c, b c a, c a b, ...) so slow drift of the machine does not
 favour one variant. Per run: wall-clock of ``trainer.train()`` and of every optimizer step
 (callback timestamps), responses generated (counted at the generation call), and for the
-allocating trainers the allocator's own time (``trainer.history``: ``allocator_s`` / ``round_s``).
+allocating trainers the allocator's own time (``trainer.engine.history``: ``allocator_s`` / ``round_s``).
 Reported: median s/step over all recorded steps, median total s per run, ms/response, the ratio of
 median s/step to stock, and the allocator's share of the round wall-clock.
 
@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from trl_alloc.benchmarking import cpu_run_kwargs, count_generated, parse_choices, check_batch, quiet, step_timer
+from trl_alloc.reporting.benchmarking import cpu_run_kwargs, count_generated, parse_choices, check_batch, quiet, step_timer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -78,7 +78,7 @@ def run_once(variant, rounds, opts, model_dir, dataset, reward, out_root):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_alloc.config import AllocGRPOConfig
+    from trl_alloc.trainer.config import AllocGRPOConfig
     from trl_alloc.trainer import AllocGRPOTrainer
 
     common = cpu_run_kwargs(tempfile.mkdtemp(prefix=f"{variant}-", dir=out_root), opts.batch, opts.num_generations,
@@ -193,8 +193,8 @@ def main(argv=None):
     import trl
     import transformers
 
-    from trl_alloc.rewards import arithmetic_reward
-    from trl_alloc.tasks import build_dataset
+    from trl_alloc.tasks.rewards import arithmetic_reward
+    from trl_alloc.tasks.builtin import build_dataset
 
     from transformers.utils import logging as hf_logging
 
@@ -203,7 +203,7 @@ def main(argv=None):
         torch.set_num_threads(opts.threads)
     model_dir = opts.model_dir
     if model_dir is None:
-        from trl_alloc.tiny import get_tiny_model_dir
+        from trl_alloc.tasks.tiny import get_tiny_model_dir
 
         t = time.perf_counter()
         model_dir = get_tiny_model_dir(task="arithmetic")

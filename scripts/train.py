@@ -4,7 +4,7 @@
 Arguments are TRL's: the script arguments below, `AllocGRPOConfig` (or `AllocDAPOConfig` with
 `--algorithm dapo`) and `ModelConfig` (LoRA through peft with `--use_peft`), from a YAML recipe
 and/or the command line. `--model_name_or_path tiny` builds (once, cached) the embedded tiny
-model for the built-in task; `smollm2-135m-instruct` (trl_alloc.models) converts the pip-installed
+model for the built-in task; `smollm2-135m-instruct` (trl_alloc.tasks.models) converts the pip-installed
 SmolLM2 once; nothing is downloaded.
 """
 
@@ -47,7 +47,7 @@ class ScriptArguments:
 
 def pick_config_class(argv):
     """AllocDAPOConfig when `--algorithm dapo` is given on the command line or in the YAML recipe."""
-    from trl_alloc.config import AllocDAPOConfig, AllocGRPOConfig
+    from trl_alloc.trainer.config import AllocDAPOConfig, AllocGRPOConfig
     algorithm = "grpo"
     if "--config" in argv:
         import yaml
@@ -77,7 +77,7 @@ def held_out_accuracy(model, tokenizer, dataset, script_args, training_args, rew
 
 def check_before_loading(training_args, num_prompts):
     """The budget and round checks that need only the dataset size, before the model loads."""
-    from trl_alloc.allocation_factory import resolve_num_rounds
+    from trl_alloc.allocation.factory import resolve_num_rounds
     training_args.check_budget(resolve_num_rounds(training_args, num_prompts))
 
 
@@ -96,7 +96,7 @@ def main():
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_alloc.data import load_train_and_test, reward_for_dataset
+    from trl_alloc.tasks.data import load_train_and_test, reward_for_dataset
     from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer
 
     state = PartialState()
@@ -106,12 +106,12 @@ def main():
             raise ValueError("--model_name_or_path tiny is the embedded model for builtin:arithmetic and "
                              "builtin:countdown; give a real model (e.g. smollm2-135m-instruct) for dataset "
                              + repr(script_args.dataset_name))
-        from trl_alloc.tiny import get_tiny_model_dir
+        from trl_alloc.tasks.tiny import get_tiny_model_dir
         with state.main_process_first():  # one rank builds, the others wait and read the cache
             model_path = get_tiny_model_dir(task=script_args.dataset_name.split(":", 1)[1],
                                             progress=state.is_main_process)
     else:
-        from trl_alloc.models import resolve_model
+        from trl_alloc.tasks.models import resolve_model
         with state.main_process_first():  # a registered name is converted once, by one rank
             model_path = resolve_model(model_path, progress=state.is_main_process)
     data_kw = dict(config=script_args.dataset_config, prompt_column=script_args.prompt_column,
@@ -172,7 +172,7 @@ def main():
     if training_args.push_to_hub:  # the card now carries the held-out figures too
         builtin = script_args.dataset_name.startswith("builtin:")
         trainer.push_to_hub(dataset_name=None if builtin else script_args.dataset_name)
-    if not any(h["effective_groups"] > 0 for h in trainer.history):
+    if not any(h["effective_groups"] > 0 for h in trainer.engine.history):
         if state.is_main_process:
             print("[trl-alloc] nothing was trained: no round had a mixed group (see the warning above and "
                   f"{os.path.join(training_args.output_dir, 'allocation', 'summary.json')}).")

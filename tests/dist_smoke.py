@@ -11,7 +11,8 @@ from test_trainer import make_args, tiny_setup  # noqa: E402
 
 from transformers import TrainerCallback  # noqa: E402
 
-from trl_alloc.trainer import AllocGRPOTrainer, _json_default  # noqa: E402
+from trl_alloc.allocation.engine import json_default as _json_default  # noqa: E402
+from trl_alloc.trainer import AllocGRPOTrainer  # noqa: E402
 
 
 def param_sum(trainer):
@@ -50,7 +51,7 @@ def main():
     trainer.add_callback(checks)
     trainer.train(resume_from_checkpoint=resume)
     rank = trainer.accelerator.process_index
-    record = {"round_log": trainer.round_log, "counters": trainer.counters, "global_step": trainer.state.global_step,
+    record = {"round_log": trainer.engine.round_log, "counters": trainer.engine.counters, "global_step": trainer.state.global_step,
               "world": trainer.accelerator.num_processes, "param_sums": checks.sums}
     if trainer.accelerator.is_main_process:
         record["allocation_state"] = trainer.allocation_state()

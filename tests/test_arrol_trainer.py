@@ -19,10 +19,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from test_trainer import make_args, tiny_setup  # noqa: E402
 
-from trl_alloc.config import AllocGRPOConfig  # noqa: E402
-from trl_alloc.pruning import HEAD_DIR, HEAD_OPTIMIZER_NAME, RolloutPruner  # noqa: E402
-from trl_alloc.quality_head import QualityHead  # noqa: E402
-from trl_alloc.trainer import ALLOCATION_STATE_NAME, AllocGRPOTrainer  # noqa: E402
+from trl_alloc.trainer.config import AllocGRPOConfig  # noqa: E402
+from trl_alloc.rollout.pruning import HEAD_DIR, HEAD_OPTIMIZER_NAME, RolloutPruner  # noqa: E402
+from trl_alloc.rollout.quality_head import QualityHead  # noqa: E402
+from trl_alloc.trainer import AllocGRPOTrainer
+from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
 
 L, MAX_LEN = 2, 6  # detect_length, max_completion_length
 EOS_BIAS = {"sequence_bias": [[[1], 1.5]]}  # eos id 1: ~1 in 3 rollouts stops within its first 2 tokens
@@ -126,10 +127,10 @@ def test_pruned_responses_count_in_the_budget(arrol_run):
     phase1 = sum(len(ps) for cap, ps, _ in rec["calls"] if cap == L)
     rows = [r for req in rec["requests"] for r in req]
     n_pruned = sum(r["pruned"] for r in rows)
-    assert phase1 == len(rows) == trainer.counters["responses"] == 5 * 16  # every response, pruned included
-    assert trainer.pacer.remaining_responses == trainer.pacer.budget_responses - len(rows) == 0
-    assert sum(h["pruned"] for h in trainer.history) == n_pruned == trainer.pruner.totals["pruned"]
-    assert trainer.counters["tokens"] == sum(len(r["completion_ids"]) for r in rows)  # L tokens per pruned one
+    assert phase1 == len(rows) == trainer.engine.counters["responses"] == 5 * 16  # every response, pruned included
+    assert trainer.engine.pacer.remaining_responses == trainer.engine.pacer.budget_responses - len(rows) == 0
+    assert sum(h["pruned"] for h in trainer.engine.history) == n_pruned == trainer.pruner.totals["pruned"]
+    assert trainer.engine.counters["tokens"] == sum(len(r["completion_ids"]) for r in rows)  # L tokens per pruned one
     logged = [h for h in trainer.state.log_history if "pruning/pruned" in h]
     assert sum(h["pruning/pruned"] for h in logged) == n_pruned
     assert logged[-1]["pruning/tokens_saved_total"] > 0
@@ -159,7 +160,7 @@ def test_head_is_trained_and_metrics_logged(arrol_run):
     trainer, _, head0 = arrol_run
     head = trainer.pruner.head.state_dict()
     assert any(not torch.equal(head[k], head0[k]) for k in head)
-    assert trainer.pruner.rounds == 5 and len(trainer.pruner.calibrator) > 0
+    assert trainer.pruner.policy.rounds == 5 and len(trainer.pruner.policy.calibrator) > 0
     keys = set().union(*trainer.state.log_history)
     assert {"arrol/head_accuracy", "arrol/head_loss", "pruning/keep_ratio", "pruning/survivor_positive_ratio",
             "pruning/target_ratio", "pruning/tokens_saved", "pruning/generation_s"} <= keys
@@ -179,7 +180,7 @@ def test_head_step_reduces_its_loss_on_fixed_data():
 
 def test_head_never_backpropagates_into_the_policy(tmp_path):
     trainer = build(tmp_path, num_rounds=1)
-    from trl_alloc.quality_head import last_hidden_states
+    from trl_alloc.rollout.quality_head import last_hidden_states
 
     feats = last_hidden_states(trainer.model, [[2, 3, 4], [5, 6]], pad_id=0)
     assert feats.shape == (2, 64) and not feats.requires_grad
@@ -200,7 +201,7 @@ def test_random_pruning_at_the_same_keep_ratio(tmp_path):
     for rows_, groups, batches in rec["batches"]:
         n_loss = sum(1 for r in rows_ if r["pid"] in groups and not r["pruned"])
         assert sum(len(batch_rows(b)) for b in batches if "tool_mask" not in b) == n_loss
-    assert trainer.counters["responses"] == len(rows) == 4 * 16
+    assert trainer.engine.counters["responses"] == len(rows) == 4 * 16
     ckpt = tmp_path / "checkpoint-4"
     assert not (ckpt / HEAD_DIR).exists()
     assert json.loads((ckpt / ALLOCATION_STATE_NAME).read_text())["pruner"]["mode"] == "random"
@@ -253,8 +254,8 @@ def test_save_and_resume_restore_head_and_calibrator(tmp_path):
     saved_opt = torch.load(ckpt / HEAD_OPTIMIZER_NAME, weights_only=True)
     assert restored["optimizer"]["state"][0]["step"] == saved_opt["state"][0]["step"] > 0
     # ... and the resumed run repeats the uninterrupted one's decisions and head updates
-    assert resumed.round_log == full.round_log[2:]
-    assert [h["pruned"] for h in resumed.history] == [h["pruned"] for h in full.history]  # the whole run's history
+    assert resumed.engine.round_log == full.engine.round_log[2:]
+    assert [h["pruned"] for h in resumed.engine.history] == [h["pruned"] for h in full.engine.history]  # the whole run's history
     assert resumed.pruner.state_dict() == full.pruner.state_dict()
     for k, v in resumed.pruner.head.state_dict().items():
         torch.testing.assert_close(v, full.pruner.head.state_dict()[k])
@@ -288,7 +289,7 @@ def test_lora_policy_with_head_as_side_adapter(tmp_path):
 
     assert not any("net." in k for k in load_file(str(tmp_path / "adapter_model.safetensors")))
     # features come from the adapted policy: disabling the adapter changes them once LoRA has moved
-    from trl_alloc.quality_head import last_hidden_states
+    from trl_alloc.rollout.quality_head import last_hidden_states
 
     seq = [rec["calls"][0][1][0]]
     with_adapter = last_hidden_states(trainer.model, seq, pad_id=0)
@@ -361,7 +362,8 @@ def test_arrol_through_the_vllm_server(tmp_path):
     for the survivors only; pruned rollouts never get a token past detect_length."""
     from test_vllm_server import build_tiny_model
 
-    from trl_alloc.serving import patch_trl_vllm_client, start_server
+    from trl_alloc.serving import start_server
+    from trl_alloc.trainer.trl_compat import patch_trl_vllm_client
 
     model_dir = str(tmp_path / "tiny")
     build_tiny_model(model_dir)  # head_dim 64 (every vLLM CPU attention backend), eos id 2
@@ -410,7 +412,7 @@ def test_arrol_through_the_vllm_server(tmp_path):
         survivors = Counter(tuple(r["prompt_ids"] + r["completion_ids"][:L]) for r in rows
                             if not r["pruned"] and not finished_early(r, eos))
         assert continued == survivors  # only survivors go on, from prompt + partial
-        assert trainer.counters["responses"] == len(rows) == 3 * 16
+        assert trainer.engine.counters["responses"] == len(rows) == 3 * 16
         for r in rows:  # sampling log-probs cover the whole completion (phase 1 + phase 2)
             assert len(r["sampling_logps"]) == len(r["completion_ids"])
         for rows_, groups, batches in rec["batches"]:

@@ -1,4 +1,4 @@
-"""Held-out evaluation (trl_alloc/evaluation.py, scripts/eval.py): metric math by hand and by brute
+"""Held-out evaluation (trl_alloc/evaluation/, scripts/eval.py): metric math by hand and by brute
 force, then one small end-to-end run of a randomly initialised tiny Qwen2 through transformers."""
 
 import importlib.util
@@ -148,13 +148,13 @@ def test_score_fn_gets_token_ids_only_when_it_accepts_them():
         seen.update(kwargs, completion_ids=completion_ids)
         return [float(len(c)) for c in completion_ids]
 
-    assert ev._call_score_fn(plain, ["p"], ["abc"], [[1]], [[2, 3]]).tolist() == [3.0]
-    assert ev._call_score_fn(with_ids, ["p"], ["abc"], [[1]], [[2, 3]]).tolist() == [2.0]
+    assert ev.core._call_score_fn(plain, ["p"], ["abc"], [[1]], [[2, 3]]).tolist() == [3.0]
+    assert ev.core._call_score_fn(with_ids, ["p"], ["abc"], [[1]], [[2, 3]]).tolist() == [2.0]
     assert seen == {"completion_ids": [[2, 3]], "prompt_ids": [[1]]}
     with pytest.raises(ValueError, match="one score per completion"):
-        ev._call_score_fn(lambda p, c: [1.0, 2.0], ["p"], ["a"], [[1]], [[2]])
+        ev.core._call_score_fn(lambda p, c: [1.0, 2.0], ["p"], ["a"], [[1]], [[2]])
     with pytest.raises(ValueError, match="non-finite"):
-        ev._call_score_fn(lambda p, c: [float("nan")], ["p"], ["a"], [[1]], [[2]])
+        ev.core._call_score_fn(lambda p, c: [float("nan")], ["p"], ["a"], [[1]], [[2]])
 
 
 # ---------------------------------------------------------------- end to end (tiny random Qwen2)
@@ -162,8 +162,8 @@ def test_score_fn_gets_token_ids_only_when_it_accepts_them():
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    """A randomly initialised 1-layer Qwen2 with trl_alloc.tiny's character tokenizer, saved to disk."""
-    from trl_alloc.tiny import build_tiny_model, build_tokenizer
+    """A randomly initialised 1-layer Qwen2 with trl_alloc.tasks.tiny's character tokenizer, saved to disk."""
+    from trl_alloc.tasks.tiny import build_tiny_model, build_tokenizer
 
     tok = build_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -184,8 +184,8 @@ def _load_eval_script():
 def test_evaluate_end_to_end_transformers(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_alloc.rewards import arithmetic_reward
-    from trl_alloc.tasks import build_dataset
+    from trl_alloc.tasks.rewards import arithmetic_reward
+    from trl_alloc.tasks.builtin import build_dataset
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -236,22 +236,15 @@ def test_eval_script_writes_table_and_json(tiny_model_dir, tmp_path, capsys):
     assert res.metrics[2]["pass"] >= res.metrics[1]["pass"]
 
 
-def test_eval_script_head_column_or_note(tiny_model_dir, tmp_path, monkeypatch, capsys):
+def test_eval_script_head_column(tiny_model_dir, tmp_path, capsys):
     script = _load_eval_script()
     args = ["--model", tiny_model_dir, "--dataset", "builtin:arithmetic", "--num_prompts", "3", "--k", "2",
             "--max_new_tokens", "3", "--no_progress"]
     head_dir = tmp_path / "head"
-    if ev.quality_head_available():
-        from trl_alloc.quality_head import QualityHead
+    from trl_alloc.rollout.quality_head import QualityHead
 
-        QualityHead(hidden_size=32, head_hidden_size=8, detect_length=1).save_pretrained(head_dir)
-        res = script.main(args + ["--head", str(head_dir), "--output_dir", str(tmp_path / "with_head")])
-        assert "head_maj" in res.metrics[2]
-        assert "| head-weighted maj@k |" in capsys.readouterr().out
-        assert all(len(r["head_scores"]) == 2 for r in res.per_prompt)
-    # without the module: the column is skipped with a note
-    monkeypatch.setattr(ev, "quality_head_available", lambda: False)
-    res = script.main(args + ["--head", str(head_dir), "--output_dir", str(tmp_path / "no_head")])
-    assert "head_maj" not in res.metrics[2]
-    assert any("quality_head is not available" in n for n in res.notes)
-    assert "Note: head-weighted maj@k skipped" in (tmp_path / "no_head" / "eval_table.md").read_text()
+    QualityHead(hidden_size=32, head_hidden_size=8, detect_length=1).save_pretrained(head_dir)
+    res = script.main(args + ["--head", str(head_dir), "--output_dir", str(tmp_path / "with_head")])
+    assert "head_maj" in res.metrics[2]
+    assert "| head-weighted maj@k |" in capsys.readouterr().out
+    assert all(len(r["head_scores"]) == 2 for r in res.per_prompt)

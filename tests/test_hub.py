@@ -109,7 +109,7 @@ def test_push_carries_policy_allocator_state_args_plots_and_card(tmp_path, hub, 
 def test_card_says_which_held_out_split_was_used(tmp_path):
     from test_trainer import make_args
 
-    from trl_alloc.hub import render_model_card
+    from trl_alloc.reporting.hub import render_model_card
 
     evaluation = {"held_out_accuracy_before": 0.2, "held_out_accuracy_after": 0.25,
                   "held_out_split": "10 rows held out of data.jsonl (10%, seed 0); the pool is the other 90",

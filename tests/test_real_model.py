@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_alloc import models
+from trl_alloc.tasks import models
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "smollm2-135m-instruct"

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from test_trainer import build, make_args, tiny_setup
-from trl_alloc.checkpointing import read_allocation_state
-from trl_alloc.trainer import ALLOCATION_STATE_NAME, AllocGRPOTrainer
+from trl_alloc.trainer.checkpointing import read_allocation_state
+from trl_alloc.trainer import AllocGRPOTrainer
+from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,7 +109,7 @@ def test_none_rewards_are_unscored_and_reported(tmp_path):
     t.train()
     spent = t.allocation_summary["responses_spent"]
     assert t.allocation_summary["responses_unscored"] == spent // 2
-    assert sum(h["unscored"] for h in t.history) == spent // 2
+    assert sum(h["unscored"] for h in t.engine.history) == spent // 2
 
 
 def test_a_reward_function_returning_none_gets_a_clear_error(tmp_path):
@@ -162,7 +163,7 @@ def test_report_after_resume_covers_the_whole_run(finished_run, tmp_path):
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
     for key in ("rounds", "responses_spent", "responses_remaining", "effective_groups"):
         assert resumed.allocation_summary[key] == full.allocation_summary[key], key
-    assert len(resumed.history) == 4 and resumed.exposure.tolist() == full.exposure.tolist()
+    assert len(resumed.engine.history) == 4 and resumed.engine.exposure.tolist() == full.engine.exposure.tolist()
 
 
 def test_resuming_a_finished_run_does_not_overwrite_its_report(finished_run, tmp_path):
@@ -183,7 +184,7 @@ def test_resume_true_takes_the_latest_checkpoint(finished_run, tmp_path):
     out, _ = finished_run
     t = build(out, **KW)
     t.train(resume_from_checkpoint=True)  # transformers: the newest checkpoint-N of output_dir
-    assert t.state.global_step == 4 and t.counters["rounds"] == 4
+    assert t.state.global_step == 4 and t.engine.counters["rounds"] == 4
 
 
 @pytest.mark.parametrize("damage,match", [
@@ -252,7 +253,7 @@ def test_full_disk_is_reported_on_a_real_small_filesystem(tmp_path):
 
 
 def test_dataset_file_errors_name_the_file_and_the_line(tmp_path):
-    from trl_alloc.data import load_prompt_dataset
+    from trl_alloc.tasks.data import load_prompt_dataset
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -267,7 +268,7 @@ def test_dataset_file_errors_name_the_file_and_the_line(tmp_path):
 
 
 def test_local_file_gets_a_disjoint_held_out_split(tmp_path):
-    from trl_alloc.data import load_train_and_test
+    from trl_alloc.tasks.data import load_train_and_test
 
     rows = [{"prompt": [{"role": "user", "content": f"{i}+1="}], "answer": str(i + 1)} for i in range(50)]
     rows += rows[:5]  # duplicated prompts must never land on both sides
@@ -317,7 +318,7 @@ def test_budget_error_in_responses_before_the_model_loads(tmp_path):
 def test_api_type_errors_and_tau_low_auto_everywhere(tmp_path):
     from trl import TrlParser
 
-    from trl_alloc.config import AllocGRPOConfig
+    from trl_alloc.trainer.config import AllocGRPOConfig
 
     with pytest.raises(TypeError, match="`rollout_budget` must be an integer, got '256' \\(str\\)"):
         make_args(str(tmp_path), rollout_budget="256")
@@ -335,11 +336,11 @@ def test_api_type_errors_and_tau_low_auto_everywhere(tmp_path):
     assert args.tau_low == 0.3
     t = build(tmp_path / "run", pacing="cero", filling="sara", num_rounds=2, rollout_budget=64, tau_low="auto")
     t.train()
-    assert t.filler.state_dict() is not None and t.counters["rounds"] == 2
+    assert t.engine.filler.state_dict() is not None and t.engine.counters["rounds"] == 2
 
 
 def test_the_verifier_is_the_default_success_signal_wherever_it_stands(tmp_path):
-    from trl_alloc.data import reward_for_dataset
+    from trl_alloc.tasks.data import reward_for_dataset
 
     model, tok, ds, _ = tiny_setup()
     t = AllocGRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [1.0] * len(completions),

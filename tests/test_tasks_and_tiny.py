@@ -14,8 +14,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from trl_alloc.rewards import arithmetic_reward, countdown_reward, math_reward  # noqa: E402
-from trl_alloc.tasks import build_dataset, check_countdown, generate_problems  # noqa: E402
+from trl_alloc.tasks.rewards import arithmetic_reward, countdown_reward, math_reward  # noqa: E402
+from trl_alloc.tasks.builtin import build_dataset, check_countdown, generate_problems  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,7 +150,7 @@ def test_reward_names():
 
 # ---------------------------------------------------------------- tokenizer
 def test_tokenizer_round_trip():
-    from trl_alloc.tiny import build_tokenizer
+    from trl_alloc.tasks.tiny import build_tokenizer
 
     tok = build_tokenizer()
     for text in ["12+7=19", "use 3 5 7 to make 22:", "(3*5)-7/2", "a b\nc  d"]:
@@ -166,7 +166,7 @@ def test_tokenizer_round_trip():
 
 def test_warm_up_estimates():
     """The warm-up corpus's rough-estimate style: "~" + the value rounded at its leading digit."""
-    from trl_alloc.tiny import estimate_answer, with_estimates
+    from trl_alloc.tasks.tiny import estimate_answer, with_estimates
 
     assert [estimate_answer(a) for a in ["42", "7", "0", "155", "96", "1234", "45"]] == \
         ["~40", "~10", "~0", "~200", "~100", "~1000", "~40"]
@@ -189,7 +189,7 @@ def tiny_dir(tmp_path_factory):
     """The default embedded model, built offline in a temporary cache."""
     import time
 
-    from trl_alloc.tiny import get_tiny_model_dir
+    from trl_alloc.tasks.tiny import get_tiny_model_dir
 
     cache = tmp_path_factory.mktemp("trl_alloc_cache")
     t = time.time()
@@ -201,7 +201,7 @@ def tiny_dir(tmp_path_factory):
 def test_tiny_model_reloads_offline(tiny_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_alloc.tiny import get_tiny_model_dir
+    from trl_alloc.tasks.tiny import get_tiny_model_dir
 
     files = set(os.listdir(tiny_dir))
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= files
@@ -243,7 +243,7 @@ def test_tiny_model_success_rates_are_spread(tiny_dir):
 
 
 def test_default_cache_dir_env(monkeypatch, tmp_path):
-    from trl_alloc.tiny import default_cache_dir
+    from trl_alloc.tasks.tiny import default_cache_dir
 
     monkeypatch.setenv("TRL_ALLOC_CACHE", str(tmp_path))
     assert default_cache_dir() == tmp_path
@@ -253,7 +253,7 @@ def test_default_cache_dir_env(monkeypatch, tmp_path):
 
 def test_concurrent_builds_share_one_directory(tmp_path):
     """Two processes asking for the same (very small) model at once: one builds, both get it."""
-    code = ("import sys; from trl_alloc.tiny import get_tiny_model_dir; "
+    code = ("import sys; from trl_alloc.tasks.tiny import get_tiny_model_dir; "
             "print(get_tiny_model_dir(sys.argv[1], progress=False, n_train=64, warmup_steps=3, batch_size=8))")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
@@ -338,7 +338,7 @@ def test_countdown_tiny_model_builds_without_estimates(tmp_path):
     """The estimate style is arithmetic's; a Countdown build keeps its reference expressions."""
     from transformers import AutoModelForCausalLM
 
-    from trl_alloc.tiny import get_tiny_model_dir
+    from trl_alloc.tasks.tiny import get_tiny_model_dir
 
     path = get_tiny_model_dir(tmp_path, task="countdown", progress=False, n_train=64, warmup_steps=3, batch_size=8)
     info = json.loads((Path(path) / "trl_alloc_build.json").read_text())

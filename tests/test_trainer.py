@@ -7,7 +7,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
-from trl_alloc.config import AllocGRPOConfig  # noqa: E402
+from trl_alloc.trainer.config import AllocGRPOConfig  # noqa: E402
 
 DIGITS = "0123456789+="
 
@@ -56,9 +56,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from trl_alloc.benchmarking import count_generated  # noqa: E402
-from trl_alloc.config import AllocDAPOConfig  # noqa: E402
-from trl_alloc.trainer import ALLOCATION_STATE_NAME, AllocDAPOTrainer, AllocGRPOTrainer, _json_default  # noqa: E402
+from trl_alloc.reporting.benchmarking import count_generated  # noqa: E402
+from trl_alloc.trainer.config import AllocDAPOConfig  # noqa: E402
+from trl_alloc.allocation.engine import json_default as _json_default  # noqa: E402
+from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer  # noqa: E402
+from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
 
 # Completions by occurrence of a prompt within one generation call (token ids: digits are 2..11, eos 1).
 SCRIPTED = [[3, 1], [4, 1], [3, 4, 5], [5, 1]]  # "1", "2", "123" (truncated), "3"
@@ -125,9 +127,9 @@ def test_runs_exactly_num_rounds(tmp_path):
     generated = count_generated(trainer)
     trainer.train()
     assert trainer.state.global_step == 3
-    assert trainer.counters["rounds"] == 3
-    assert generated["n"] == trainer.counters["responses"] == 3 * 2 * 4  # 2 prompts × k=4 per round
-    assert [len(r["groups"]) for r in trainer.round_log] == [2, 2, 2]
+    assert trainer.engine.counters["rounds"] == 3
+    assert generated["n"] == trainer.engine.counters["responses"] == 3 * 2 * 4  # 2 prompts × k=4 per round
+    assert [len(r["groups"]) for r in trainer.engine.round_log] == [2, 2, 2]
     logged = [h for h in trainer.state.log_history if "alloc/responses_spent" in h]
     assert [h["alloc/responses_spent"] for h in logged] == [8.0, 16.0, 24.0]
     assert logged[-1]["alloc/responses_remaining"] == 0.0
@@ -136,8 +138,8 @@ def test_runs_exactly_num_rounds(tmp_path):
 def test_stops_when_budget_exhausted_with_final_save(tmp_path):
     trainer = build(tmp_path, num_rounds=5, rollout_budget=16, save_strategy="steps", save_steps=100)
     trainer.train()
-    assert trainer.state.global_step == 2 and trainer.budget_exhausted
-    assert trainer.counters["responses"] == 16 and trainer.pacer.remaining_responses == 0
+    assert trainer.state.global_step == 2 and trainer.engine.budget_exhausted
+    assert trainer.engine.counters["responses"] == 16 and trainer.engine.pacer.remaining_responses == 0
     state = json.loads((tmp_path / "checkpoint-2" / ALLOCATION_STATE_NAME).read_text())
     assert state["pacer"]["remaining_responses"] == 0 and state["counters"]["rounds"] == 2
 
@@ -150,10 +152,10 @@ def test_never_generates_past_the_budget(tmp_path, pacing, filling):
                     max_generation_batches=50)
     generated = count_generated(trainer)
     trainer.train()
-    spent = budget - trainer.pacer.remaining_responses
-    assert generated["n"] == trainer.counters["responses"] == spent <= budget
-    assert trainer.state.global_step == trainer.counters["rounds"] <= 6
-    for entry in trainer.round_log:  # every loss group was generated in its own round
+    spent = budget - trainer.engine.pacer.remaining_responses
+    assert generated["n"] == trainer.engine.counters["responses"] == spent <= budget
+    assert trainer.state.global_step == trainer.engine.counters["rounds"] <= 6
+    for entry in trainer.engine.round_log:  # every loss group was generated in its own round
         asked = {pid for ids, _ in entry["requests"] for pid in ids}
         assert set(entry["groups"]) <= asked
 
@@ -164,8 +166,8 @@ def test_empty_round_leaves_parameters_unchanged(tmp_path):
                     weight_decay=0.1)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
-    assert trainer.state.global_step == 1 and trainer.counters["empty_rounds"] == 1
-    assert trainer.round_log[0]["requests"] == [] and trainer.round_log[0]["groups"] == []
+    assert trainer.state.global_step == 1 and trainer.engine.counters["empty_rounds"] == 1
+    assert trainer.engine.round_log[0]["requests"] == [] and trainer.engine.round_log[0]["groups"] == []
     for a, b in zip(before, trainer.model.parameters()):
         assert torch.equal(a, b)
     assert trainer._saved_lrs is None  # the zero-lr step was undone
@@ -198,7 +200,7 @@ def test_dapo_trainer_adds_overlong_shaping(tmp_path):
     trainer = AllocDAPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
     assert trainer.reward_func_names[-1] == "soft_overlong_punishment_reward"
     trainer.train()
-    assert trainer.counters["rounds"] >= 1
+    assert trainer.engine.counters["rounds"] >= 1
 
 
 # ---------------------------------------------------------------- checkpoint / resume
@@ -224,7 +226,7 @@ def test_resume_restores_allocator_and_reproduces_decisions(tmp_path):
     resumed.train(resume_from_checkpoint=str(ckpt))
     assert loaded["pacer"] == saved["pacer"] and loaded["counters"] == saved["counters"]
     assert resumed.state.global_step == full.state.global_step
-    assert resumed.round_log == full.round_log[2:]  # the same requests and groups as the uninterrupted run
+    assert resumed.engine.round_log == full.engine.round_log[2:]  # the same requests and groups as the uninterrupted run
     assert resumed.allocation_state()["pacer"] == full.allocation_state()["pacer"]
 
 

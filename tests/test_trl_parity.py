@@ -12,7 +12,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from test_trainer import build, make_args, scripted_generation, tiny_setup
-from trl_alloc.allocation_factory import resolve_num_rounds
+from trl_alloc.allocation.factory import resolve_num_rounds
 from trl_alloc.trainer import AllocGRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ def test_max_steps_below_num_rounds_stops_early_and_says_so(tmp_path, capsys):
     t = build(tmp_path, pacing="cero", filling="sara", num_rounds=10, rollout_budget=320, max_steps=3)
     assert "max_steps=3 stops the run after 3 of 10 rounds" in capsys.readouterr().out
     t.train()
-    assert t.state.global_step == 3 and t.counters["rounds"] == 3 and t.num_rounds == 10
+    assert t.state.global_step == 3 and t.engine.counters["rounds"] == 3 and t.num_rounds == 10
 
 
 def test_max_steps_alone_plans_that_many_rounds(tmp_path):
@@ -71,7 +71,7 @@ def test_several_optimizer_steps_per_round(tmp_path, setting):
     inner = t._run_round
     t._run_round = lambda: calls.append(1) or inner()
     t.train()
-    assert t.state.global_step == 6 and len(calls) == 3 and t.counters["rounds"] == 3
+    assert t.state.global_step == 6 and len(calls) == 3 and t.engine.counters["rounds"] == 3
 
 
 def test_an_empty_round_moves_no_parameter_over_all_its_steps(tmp_path):
@@ -82,7 +82,7 @@ def test_an_empty_round_moves_no_parameter_over_all_its_steps(tmp_path):
                          train_dataset=ds, processing_class=tok)
     before = {k: v.clone() for k, v in t.model.named_parameters()}
     t.train()
-    assert t.state.global_step == 4 and t.counters["empty_rounds"] == 2
+    assert t.state.global_step == 4 and t.engine.counters["empty_rounds"] == 2
     assert all(torch.equal(before[k], v) for k, v in t.model.named_parameters())
 
 
@@ -94,7 +94,7 @@ def chat_model_dir(folder):
     from tokenizers import processors
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trl_alloc.tiny import build_tokenizer
+    from trl_alloc.tasks.tiny import build_tokenizer
 
     tok = build_tokenizer("0123456789+-*=abcdefghijklmnopqrstuvwxyz|<>/ \n")
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(

@@ -269,7 +269,8 @@ def test_trl_vllm_generation_server_mode_on_cpu(served):
     from transformers import AutoTokenizer
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from trl_alloc.serving import AllocVLLMClient, patch_trl_vllm_client, pushed_checksum
+    from trl_alloc.serving import AllocVLLMClient, pushed_checksum
+    from trl_alloc.trainer.trl_compat import patch_trl_vllm_client
 
     server, _, model = served
     new = perturbed_copy(model, seed=4)

@@ -5,8 +5,8 @@ The trainer classes import torch and TRL lazily, so `import trl_alloc.allocation
 
 __version__ = "0.1.0"
 
-_LAZY = {"AllocGRPOConfig": "config", "AllocDAPOConfig": "config",
-         "AllocGRPOTrainer": "trainer", "AllocDAPOTrainer": "trainer"}
+_LAZY = {"AllocGRPOConfig": "trainer.config", "AllocDAPOConfig": "trainer.config",
+         "AllocGRPOTrainer": "trainer.grpo", "AllocDAPOTrainer": "trainer.grpo"}
 
 
 def __getattr__(name):

@@ -11,21 +11,20 @@ from .cero import (CEROFixed, CEROGreedy, CEROPreset, CEROScheduler, RandomMatch
                    supporting_exposure, utility)
 from .sara import SARAFiller, decide, effective_probability
 
-PACERS = {"cero": CEROScheduler, "cero_fixed": CEROFixed, "cero_preset": CEROPreset,
-          "cero_greedy": CEROGreedy, "random_matched": RandomMatched, "uniform": UniformPacer,
-          "knapsack": KnapsackPacer}
-FILLERS = {"sara": SARAFiller, "full": FullFiller, "dynamic_sampling": DynamicSamplingFiller}
+from .registry import cero_family, method_class, method_names, register
 
 
 def make_pacer(name, num_prompts, **kwargs):
     """Build a pacer by its config name (`pacing=`)."""
-    if name not in PACERS:
-        raise ValueError(f"unknown pacing {name!r}; choose one of {sorted(PACERS)}.")
-    return PACERS[name](num_prompts, **kwargs)
+    return method_class("pacing", name)(num_prompts, **kwargs)
 
 
 def make_filler(name, **kwargs):
     """Build a filler by its config name (`filling=`)."""
-    if name not in FILLERS:
-        raise ValueError(f"unknown filling {name!r}; choose one of {sorted(FILLERS)}.")
-    return FILLERS[name](**kwargs)
+    return method_class("filling", name)(**kwargs)
+
+
+__all__ = ["Pacer", "Round", "UniformPacer", "KnapsackPacer", "FullFiller", "DynamicSamplingFiller", "BetaState",
+           "variance_proxy", "CEROScheduler", "CEROFixed", "CEROPreset", "CEROGreedy", "RandomMatched",
+           "oracle_exposure", "supporting_exposure", "utility", "SARAFiller", "decide", "effective_probability",
+           "register", "method_names", "method_class", "cero_family", "make_pacer", "make_filler"]

@@ -1,5 +1,6 @@
 """ARROL (seed 003, SPEC §4): survival probabilities for partial rollouts, the online score
-calibrator of the quality head, and rank-weighted majority voting at test time. numpy/scipy only."""
+calibrator of the quality head, the pruning decision (`ARROLPruning`, `RandomPruning`), and
+rank-weighted majority voting at test time. numpy/scipy only."""
 
 from collections import deque
 
@@ -9,6 +10,7 @@ from scipy.special import expit
 from scipy.stats import rankdata
 
 from ._checks import check_finite, check_int, check_open_unit
+from .registry import register
 
 
 def _unit_interval(name, values):
@@ -197,3 +199,69 @@ class ScoreCalibrator:
         self.num_bins, self.alpha = num_bins, float(state["alpha"])
         self.buffer_size = check_int("buffer_size", state["buffer_size"], minimum=1)
         self._buffer = deque(zip(bins, labels), maxlen=self.buffer_size)
+
+
+@register("pruning", "arrol")
+class ARROLPruning:
+    """ARROL's pruning decision on one request's eligible partial rollouts (SPEC §4): head logits ->
+    calibrated q (`ScoreCalibrator`) -> per-prompt-group survival probabilities (`survival_probabilities`)
+    -> sampled survivors. Nothing is pruned during the first `cold_start_rounds` rounds."""
+
+    uses_head = True
+
+    def __init__(self, keep_ratio=0.5, target_ratio=0.5, slope=0.5, p_min=0.1, p_max=0.9, cold_start_rounds=20,
+                 calibration_bins=10, calibration_buffer=2048, calibration_alpha=1.0, seed=0):
+        self.survival = dict(keep_ratio=keep_ratio, target_ratio=target_ratio, slope=slope, p_min=p_min, p_max=p_max)
+        self.cold_start_rounds = check_int("cold_start_rounds", cold_start_rounds, minimum=0)
+        self.calibrator = ScoreCalibrator(calibration_bins, calibration_buffer, calibration_alpha)
+        self.rng = np.random.default_rng([int(seed), 0xA220])
+        self.rounds = 0
+
+    @property
+    def active(self):
+        """Past the cold start: pruning decisions are made (before it, every rollout survives)."""
+        return self.rounds >= self.cold_start_rounds
+
+    def keep_probabilities(self, groups, logits):
+        """Survival probability of each eligible rollout; `groups`: its prompt id, `logits`: its head logit."""
+        groups, logits = np.asarray(groups, np.int64), np.asarray(logits, float)
+        q = self.calibrator.calibrate(logits)
+        p = np.empty(groups.size)
+        for g in np.unique(groups):
+            members = groups == g
+            p[members] = survival_probabilities(q[members], **self.survival)
+        return p
+
+    def prune(self, groups, logits=None):
+        """Boolean mask over the eligible rollouts: True = prune (abort) it."""
+        groups = np.asarray(groups, np.int64)
+        if not self.active or groups.size == 0:
+            return np.zeros(groups.size, bool)
+        return ~sample_survivors(self.keep_probabilities(groups, logits), self.rng)
+
+    def observe(self, logits, labels):
+        """Completed eligible rollouts' (logit, 0/1 label) into the calibrator's buffer."""
+        self.calibrator.update(logits, labels)
+
+    def end_round(self):
+        self.rounds += 1
+
+    def state_dict(self):
+        return {"rounds": self.rounds, "rng": self.rng.bit_generator.state,
+                "calibrator": self.calibrator.state_dict()}
+
+    def load_state_dict(self, state):
+        self.rounds = int(state["rounds"])
+        self.rng.bit_generator.state = state["rng"]
+        self.calibrator.load_state_dict(state["calibrator"])
+
+
+@register("pruning", "random")
+class RandomPruning(ARROLPruning):
+    """ARROL's control (SPEC §4): each eligible rollout survives with probability `keep_ratio`, no head."""
+
+    uses_head = False
+
+    def keep_probabilities(self, groups, logits=None):
+        return np.full(np.asarray(groups).size, float(self.survival["keep_ratio"]))
+

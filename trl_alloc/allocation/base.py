@@ -34,6 +34,7 @@ class Pacer:
     unit_size: int
     remaining_responses: int
     paces_budget = False   # True: the proposal's units × g is the round's spend (CERO family)
+    cero_family = False    # True: budget in CERO units of `unit_size`, a round capacity (registry.cero_family)
 
     def propose(self):
         """Executed units per prompt for this round (int array of length ``num_prompts``)."""

@@ -4,6 +4,7 @@ import numpy as np
 
 from ._checks import check_counts, check_int
 from .base import Pacer, Round
+from .registry import register
 
 
 class _BudgetedPacer(Pacer):
@@ -42,6 +43,7 @@ class _BudgetedPacer(Pacer):
         self.last_units = np.asarray(state["last_units"], np.int64)
 
 
+@register("pacing", "uniform")
 class UniformPacer(_BudgetedPacer):
     """Plain GRPO: a seeded shuffled pass over the pool, `prompts_per_round` prompts, one group each.
 
@@ -98,6 +100,7 @@ class UniformPacer(_BudgetedPacer):
         self._order = self._epoch_order(self.epoch)
 
 
+@register("pacing", "knapsack")
 class KnapsackPacer(UniformPacer):
     """KnapsackRL: each round's `prompts_per_round × group_size` responses are split over the round's
     prompts by an exact knapsack on value(p, N) = (1 - p^N - (1-p)^N) · p(1-p)^2.
@@ -198,6 +201,7 @@ class KnapsackPacer(UniformPacer):
         self.hist_len = np.asarray(state["hist_len"], np.int64)
 
 
+@register("filling", "full")
 class FullFiller:
     """Plain GRPO filling: every admitted prompt's responses in one call; every group reaches the loss."""
 
@@ -240,6 +244,7 @@ class FullRound(Round):
         self._finished = True
 
 
+@register("filling", "dynamic_sampling")
 class DynamicSamplingFiller:
     """DAPO dynamic sampling: full groups for batches of `batch_prompts` stream prompts, keep groups whose
     rewards vary (std > 0), repeat until `target_groups` are kept; more than `max_generation_batches`

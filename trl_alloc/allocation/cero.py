@@ -11,6 +11,7 @@ import numpy as np
 from ._checks import check_int, check_open_unit
 from .baselines import _BudgetedPacer
 from .beta import BetaState
+from .registry import register
 
 
 def utility(q, z, R, saturation=1.0):
@@ -38,6 +39,7 @@ def even_quota(budget, rounds, k):
     return (k + 1) * budget // rounds - k * budget // rounds
 
 
+@register("pacing", "cero")
 class CEROScheduler(_BudgetedPacer):
     """Algorithm 1 of the CERO seed, in allocation units.
 
@@ -49,6 +51,7 @@ class CEROScheduler(_BudgetedPacer):
     """
 
     paces_budget = True
+    cero_family = True  # budget in units of `unit_size`, a round capacity C (registry.cero_family)
 
     def __init__(self, num_prompts, rounds, budget, round_capacity, max_units=2, saturation=1.0,
                  forgetting=1.0, prior=(1.0, 1.0), init_price=0.5, step_size=None, seed=0, unit_size=4,
@@ -198,6 +201,7 @@ class CEROScheduler(_BudgetedPacer):
         self._ranked = None
 
 
+@register("pacing", "cero_fixed")
 class CEROFixed(CEROScheduler):
     """Ablation `cero_fixed`: price ν fixed at 0 and a fixed per-round quota (B spread evenly)."""
 
@@ -214,6 +218,7 @@ class CEROFixed(CEROScheduler):
         self.nu = nu
 
 
+@register("pacing", "cero_preset")
 class CEROPreset(CEROFixed):
     """Ablation `cero_preset`: a predetermined front-loaded schedule — C units per round for the first
     half, the rest of the budget spread evenly over the second half (528 / 496 responses at paper scale)."""
@@ -226,6 +231,7 @@ class CEROPreset(CEROFixed):
         return min(self.capacity, even_quota(self.budget - head * first, self.rounds - first, self.round - first))
 
 
+@register("pacing", "cero_greedy")
 class CEROGreedy(CEROFixed):
     """Ablation `cero_greedy`: rank by the marginal utility of one more group,
     U(q̂, z + N_max) − U(q̂, z), with the fixed quota of `cero_fixed`."""
@@ -236,6 +242,7 @@ class CEROGreedy(CEROFixed):
                 - utility(q, self.exposure, self.R, self.saturation))
 
 
+@register("pacing", "random_matched")
 class RandomMatched(_BudgetedPacer):
     """Ablation `random_matched`: a reference CERO run's allocation (sizes and timing, round by round)
     assigned to a fixed random permutation of the prompts. `reference` is a CERO `allocation_log`."""
@@ -279,7 +286,10 @@ class RandomMatched(_BudgetedPacer):
         return {**self._base_state(), "seed": self.seed}
 
     def load_state_dict(self, state):
+        """Restores the permutation too: the saved seed, not the constructor's, fixes which prompts replay."""
         self._load_base_state(state)
+        self.seed = int(state["seed"])
+        self._perm = np.random.default_rng(self.seed).permutation(self.num_prompts)
 
 
 def oracle_exposure(q, budget, max_exposure, R, saturation=1.0):

@@ -7,6 +7,7 @@ from scipy.special import betaln
 from ._checks import check_int, check_open_unit, check_prior
 from .base import Round
 from .beta import BetaState
+from .registry import register
 
 
 def effective_probability(n, s, k, prior=(1.0, 1.0), failures=None):
@@ -47,6 +48,7 @@ def decide(n, s, k, tau_low=0.45, commit_min=None, prior=(1.0, 1.0), failures=No
     return out, p
 
 
+@register("filling", "sara")
 class SARAFiller:
     """Algorithm 1 of the SARA seed as a generator-agnostic state machine (see `base.Round`).
 

@@ -3,7 +3,7 @@
 - :func:`start_server` / :class:`VLLMServer` (``server.py``; imports neither torch nor vLLM);
 - :class:`AllocVLLMClient` (``client.py``; TRL's ``VLLMClient`` + CPU weight push; importing it
   imports TRL and vLLM, ~10 s, so it is loaded on first access);
-- the worker side lives in ``trl_alloc.worker_extension``.
+- the worker side lives in ``trl_alloc.serving.worker_extension``.
 """
 
 from .server import (
@@ -17,7 +17,7 @@ from .server import (
 )
 
 _CLIENT_NAMES = ("AllocVLLMClient", "CompletionGroup", "VLLMServerUnreachableError", "VLLMRequestError",
-                 "patch_trl_vllm_client", "pushed_checksum")
+                 "pushed_checksum")
 
 # the client names are left out of __all__ so that `import *` stays light
 __all__ = ["EXTENSION_CLS", "VLLMServer", "VLLMServerStartError", "build_server_command", "find_free_port",

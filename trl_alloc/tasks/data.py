@@ -20,7 +20,7 @@ def load_prompt_dataset(name, split="train", config=None, prompt_column="prompt"
     restricts a built-in task to those difficulty levels. A local file is read whole (`split` only
     names it)."""
     if name.startswith("builtin:"):
-        from .tasks import TASKS, build_dataset
+        from .builtin import TASKS, build_dataset
         task = name.split(":", 1)[1]
         if task not in TASKS:
             raise ValueError(f"unknown built-in task {task!r} in dataset_name={name!r}; choose one of "

@@ -12,7 +12,7 @@ import logging
 import re
 import threading
 
-from .tasks import check_countdown, parse_countdown_prompt
+from .builtin import check_countdown, parse_countdown_prompt
 
 _INT_RE = re.compile(r"-?\d+")
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -97,6 +97,16 @@ def _wrap_gold(gold: str) -> str:
     return f"${gold}$"
 
 
+def math_verify_timeout():
+    """math-verify's timeout in seconds: 5 on the main thread, None elsewhere (its `signal.alarm` works only
+    on the main thread, as in TRL's accuracy_reward; its timeout warnings are silenced there)."""
+    if threading.current_thread() is threading.main_thread():
+        return 5
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return None
+
+
 def math_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
     """1.0 iff ``math_verify.verify`` finds the completion equal to the gold ``answer``.
 
@@ -105,11 +115,7 @@ def math_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
     """
     from math_verify import parse, verify
 
-    main = threading.current_thread() is threading.main_thread()
-    timeout = 5 if main else None
-    if not main:
-        for name in ("math_verify.parser", "math_verify.grader"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+    timeout = math_verify_timeout()
     golds = _column({"answer": answer}, "answer", len(completions))
     out = []
     for c, gold in zip(completions, golds):

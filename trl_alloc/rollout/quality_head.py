@@ -48,7 +48,7 @@ trained online with binary cross-entropy on detached hidden states at the detect
 `config.json`; the policy's weights (or LoRA adapter) sit next to this folder.
 
 ```python
-from trl_alloc.quality_head import QualityHead
+from trl_alloc.rollout.quality_head import QualityHead
 from trl_alloc.allocation.arrol import rank_weights, weighted_majority_vote
 
 head = QualityHead.from_pretrained("path/to/run/quality_head")

@@ -193,7 +193,7 @@ def default_cache_dir() -> Path:
 def build_tiny_model_dir(out_dir: str | os.PathLike, cfg: TinyBuildConfig = TinyBuildConfig(),
                          num_threads: int | None = 1, progress: bool = True) -> dict:
     """Build tokenizer + model + warm-up and save both to ``out_dir``; returns build info."""
-    from .tasks import build_dataset
+    from .builtin import build_dataset
 
     t0 = time.time()
     tokenizer = build_tokenizer(cfg.chars)

@@ -1,6 +1,6 @@
 """vLLM worker extension: CPU-friendly weight pushes for a trl-alloc vLLM server.
 
-Load it into the server with ``--worker-extension-cls trl_alloc.worker_extension.AllocWorkerExtension``
+Load it into the server with ``--worker-extension-cls trl_alloc.serving.worker_extension.AllocWorkerExtension``
 (``trl-alloc-serve`` does) and call its methods through vLLM's ``POST /collective_rpc`` (the server
 needs ``VLLM_SERVER_DEV_MODE=1``)::
 
@@ -22,7 +22,7 @@ head, never re-packs it: generation would keep using the *old* output head. Afte
 extension re-runs the (unquantized) weight processing of every module whose weight is shared with
 another module, which re-packs the head. On CUDA that processing is a no-op.
 
-Keep this module importable without vLLM (the client reuses :func:`state_checksum`): nothing is
+Keep this module importable without vLLM (it shares `protocol.py` with the client): nothing is
 imported from vLLM at module level, and the class holds methods only (vLLM mixes it into its worker
 class and refuses attributes that clash with the worker's).
 """
@@ -30,32 +30,11 @@ class and refuses attributes that clash with the worker's).
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
-from collections.abc import Iterable
 
-__all__ = ["AllocWorkerExtension", "state_checksum", "WEIGHTS_FILE"]
+from .protocol import model_signature, state_checksum
 
-WEIGHTS_FILE = "model.safetensors"
-
-
-def state_checksum(named_tensors: Iterable[tuple[str, "object"]]) -> str:
-    """sha256 over ``(name, shape, float32 bytes)`` of the tensors, sorted by name.
-
-    The same function runs trainer-side (on what is sent) and server-side (on what was received),
-    so a test can check that a push arrived intact. vLLM's own parameters cannot serve for this on
-    CPU: fused (``qkv_proj``), and linear weights are replaced by packed copies after loading.
-    """
-    import torch
-
-    h = hashlib.sha256()
-    for name, t in sorted(named_tensors, key=lambda kv: kv[0]):
-        t = t.detach().to("cpu", torch.float32).contiguous()
-        h.update(name.encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
+__all__ = ["AllocWorkerExtension"]
 
 class AllocWorkerExtension:
     """Methods mixed into the vLLM worker (``self`` is the worker: ``self.model_runner`` etc.)."""
@@ -85,9 +64,7 @@ class AllocWorkerExtension:
         return self._alloc_reload(load(base64.b64decode(payload)))
 
     def model_signature(self) -> dict:
-        """The served model's architecture fields (`serving.client.MODEL_SIGNATURE_FIELDS`)."""
-        from trl_alloc.serving.client import model_signature
-
+        """The served model's architecture fields (`serving.protocol.MODEL_SIGNATURE_FIELDS`)."""
         return model_signature(self.model_runner.model_config.hf_config)
 
     def weights_checksum(self) -> dict:

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-PACINGS = ("cero", "uniform", "cero_fixed", "cero_preset", "cero_greedy", "random_matched", "knapsack")
-FILLINGS = ("sara", "full", "dynamic_sampling")
-PRUNINGS = ("none", "arrol", "random")
-CERO_FAMILY = ("cero", "cero_fixed", "cero_preset", "cero_greedy")
+from ..allocation.registry import cero_family, method_names
+
+# the stage names, as the registry holds them (allocation.registry)
+PACINGS, FILLINGS, PRUNINGS = method_names("pacing"), method_names("filling"), method_names("pruning")
+CERO_FAMILY = cero_family()
 # Ratio of CERO's default round capacity to its mean per-round spend (C = 132 vs B/K = 128 units).
 CAPACITY_HEADROOM = 33 / 32
 

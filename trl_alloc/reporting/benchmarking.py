@@ -82,7 +82,7 @@ class RoundRecorder:
     reward call a round; trl-alloc's trainers call `new_round()` from their `_run_round`."""
 
     def __init__(self, prompts):
-        from .data import prompt_key
+        from ..tasks.data import prompt_key
 
         self.index = {}
         for i, p in enumerate(prompts):
@@ -94,7 +94,7 @@ class RoundRecorder:
         self.rounds.append({})
 
     def wrap(self, reward, per_call=False):
-        from .data import prompt_key
+        from ..tasks.data import prompt_key
 
         def recorded(prompts, completions, completion_ids=None, **kwargs):
             out = reward(prompts, completions, completion_ids=completion_ids, **kwargs)
@@ -132,8 +132,8 @@ def selection_figures(rounds, num_prompts, bins=5, variance_bins=5):
     """
     import numpy as np
 
-    from .allocation import BetaState
-    from .allocation.base import is_success
+    from ..allocation import BetaState
+    from ..allocation.base import is_success
 
     beta = BetaState(num_prompts)
     seen = np.zeros(num_prompts, bool)

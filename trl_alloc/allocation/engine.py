@@ -1,0 +1,202 @@
+"""The allocation engine: one run's pacer, filler and pruning decisions, with the counters, history
+and exposure they produce, as one object with a versioned state (numpy only, testable without TRL).
+
+One round, as the trainer drives it (SPEC §1 composition; each call but `record_round` runs on the
+main process only, and its result is shared with every rank):
+
+    admitted = engine.start_round()              # pacer.propose(); filler.start_round(...)
+    while (req := engine.next_request()):        # (prompt ids, responses per prompt)
+        rows = generate and score req            # the trainer's part
+        engine.observe(rows, req)                # filler decides; pruner learns
+    summary = engine.finish_round()              # pacer.update(successes, failures)
+    engine.record_round(summary, rows, ...)      # every rank: counters, history, exposure
+
+A row is a dict with at least `pid`, `success` (1/0, NaN = unscored), `pruned` and `completion_ids`.
+The pruner, when there is one, is the rollout layer's object (duck-typed: `record`, `end_round`,
+`state_dict`, `load_state_dict`, `totals`); its decisions are `allocation.arrol`'s.
+"""
+
+import json
+
+import numpy as np
+
+from .factory import build_filler, build_pacer, round_kwargs
+
+STATE_VERSION = 2
+# Fields that fix a run's plan: resuming with any of them changed would pace another run.
+PLAN_FIELDS = ("pacing", "filling", "pruning", "num_prompts", "num_rounds", "rollout_budget", "allocation_seed",
+               "dataset_fingerprint")
+COUNTERS = ("rounds", "responses", "tokens", "empty_rounds", "rounds_without_signal", "unscored")
+
+
+def json_default(obj):
+    """`json.dump(..., default=json_default)` for numpy scalars and arrays (anything else is an error)."""
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"a {type(obj).__name__} is not JSON-serialisable.")
+
+
+def migrate_state(state, where="allocation state"):
+    """An allocation state of any version this code reads, as the current version; a newer one is refused."""
+    version = state.get("version", 1)
+    if not isinstance(version, int) or version > STATE_VERSION:
+        raise ValueError(f"{where} has state version {version!r}, newer than this trl-alloc reads ({STATE_VERSION}); "
+                         "upgrade trl-alloc to resume from it.")
+    if version == 1:  # before whole-run history and plan checks: only what it recorded is checked
+        state = {**state, "version": 2, "pruning": state.get("pruning", "none"), "history": [], "exposure": None}
+    return state
+
+
+def check_same_plan(state, current, where):
+    """Refuse a state whose run plan differs from this run's, naming the field."""
+    for key in PLAN_FIELDS:
+        if key not in state:  # written by an older trl-alloc: only what it recorded is checked
+            continue
+        if state[key] != current[key]:
+            raise ValueError(f"{where} was written by a run with {key}={state[key]!r}, but this run has "
+                             f"{key}={current[key]!r}; resuming would pace another run. Resume with the checkpoint's "
+                             f"settings (and dataset), or start a new run in another output_dir.")
+
+
+class AllocationEngine:
+    """Pacer + filler (+ pruner) of one run, built from a config's fields (`allocation.factory`).
+
+    `plan` is a dict of `PLAN_FIELDS` (or a function returning it, evaluated when first needed).
+    """
+
+    def __init__(self, args, num_prompts, num_rounds, plan, pruner=None):
+        self.args = args
+        self.pacer = build_pacer(args, num_prompts, num_rounds)
+        self.filler = build_filler(args, num_prompts, self.pacer)
+        self.pruner = pruner
+        self._plan = plan
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.history = []  # per round: the figures of `output_dir/allocation/summary.json`
+        self.exposure = np.zeros(num_prompts, np.int64)  # responses per prompt over the run
+        self.round_log = []  # per round: the requests and committed groups (identical on every rank)
+        self.budget_exhausted = False
+        self.signal_streak = 0  # rounds in a row without a mixed group
+        self._round = None
+
+    @property
+    def plan(self):
+        if callable(self._plan):
+            self._plan = self._plan()
+        return self._plan
+
+    # ------------------------------------------------------------------ one round (main process)
+    def start_round(self):
+        """The pacer's proposal opens the filler's round; returns the number of prompts admitted."""
+        units = self.pacer.propose()
+        self._round = self.filler.start_round(**round_kwargs(self.args, self.pacer, units))
+        return int((units > 0).sum())
+
+    def next_request(self):
+        """The round's next generation request as (prompt ids, responses per prompt), or None when it is done."""
+        if self._round.done:
+            return None
+        ids, counts = self._round.requests()
+        return (ids.tolist(), counts.tolist()) if len(ids) else None
+
+    def observe(self, rows, request):
+        """The request's rows (in request order) go to the filler, which commits, abandons or continues."""
+        counts = request[1]
+        success = np.array([r["success"] for r in rows], dtype=float)  # 0/1, NaN = unscored
+        pruned = np.array([r.get("pruned", False) for r in rows], dtype=bool)
+        splits = np.cumsum(counts)[:-1]
+        self._round.observe(np.split(success, splits), pruned=np.split(pruned, splits))
+        if self.pruner is not None:
+            self.pruner.record(rows)
+
+    def finish_round(self):
+        """Close the round: the pacer learns each prompt's successes and failures; returns the round's summary."""
+        rnd, self._round = self._round, None
+        self.pacer.update(*rnd.outcomes(self.pacer.num_prompts))
+        out = {"groups": [int(g) for g in rnd.groups], "stats": rnd.stats(),
+               "finished": bool(self.pacer.finished), "remaining": int(self.pacer.remaining_responses)}
+        if hasattr(self.pacer, "pacing_gap"):
+            out["pacing_gap"] = float(self.pacer.pacing_gap())
+        if self.pruner is not None:
+            out["pruning"] = self.pruner.end_round()
+        return out
+
+    # ------------------------------------------------------------------ bookkeeping (every rank)
+    def record_round(self, summary, rows, admitted, requests, loss_responses, allocator_s, round_s):
+        """Counters, exposure and the round's history entry, from the broadcast summary; returns the entry."""
+        stats = summary["stats"]
+        c = self.counters
+        c["rounds"] += 1
+        c["responses"] += len(rows)
+        c["tokens"] += sum(len(r["completion_ids"]) for r in rows)
+        c["unscored"] += int(stats.get("unscored", 0))
+        c["empty_rounds"] += int(loss_responses == 0)
+        if stats["effective_groups"] > 0:
+            self.signal_streak = 0
+        else:
+            c["rounds_without_signal"] += 1
+            self.signal_streak += 1
+        self.budget_exhausted = summary["finished"]
+        np.add.at(self.exposure, [r["pid"] for r in rows], 1)
+        self.round_log.append({"round": c["rounds"] - 1, "requests": requests, "groups": summary["groups"]})
+        entry = {"round": c["rounds"], "responses": len(rows), "tokens": sum(len(r["completion_ids"]) for r in rows),
+                 "admitted": admitted, "groups": len({r["pid"] for r in rows}), "committed": stats["groups"],
+                 "effective_groups": stats["effective_groups"], "abandoned": stats["abandoned"],
+                 "pruned": stats.get("pruned", 0), "unscored": int(stats.get("unscored", 0)),
+                 "generation_calls": stats["generation_calls"], "loss_responses": loss_responses,
+                 "allocator_s": round(allocator_s, 6), "round_s": round(round_s, 6)}
+        self.history.append(entry)
+        return entry
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self):
+        """JSON-serialisable state (what checkpoints hold), with the whole run's history and exposure."""
+        return {"version": STATE_VERSION, **self.plan,
+                "pacer": self.pacer.state_dict(), "filler": self.filler.state_dict(),
+                "pruner": None if self.pruner is None else self.pruner.state_dict(),
+                "counters": dict(self.counters), "budget_exhausted": self.budget_exhausted,
+                "history": self.history, "exposure": self.exposure}
+
+    def load_state_dict(self, state, where="allocation state", check_plan=True):
+        """Restore a `state_dict`; an older version is migrated, a newer one or another plan is refused."""
+        state = migrate_state(state, where)
+        if check_plan:
+            check_same_plan(state, self.plan, where)
+        self.pacer.load_state_dict(state["pacer"])
+        self.filler.load_state_dict(state["filler"])
+        if self.pruner is not None:
+            self.pruner.load_state_dict(state["pruner"])
+        self.counters.update(state["counters"])
+        self.budget_exhausted = bool(state.get("budget_exhausted", False))
+        self.history = [dict(h) for h in state.get("history", [])]
+        if state.get("exposure") is not None:
+            self.exposure = np.asarray(state["exposure"], np.int64)
+        self._round = None
+
+    def snapshot(self):
+        """A deep copy of the state (a failed round is rolled back to it)."""
+        return json.loads(json.dumps(self.state_dict(), default=json_default))
+
+    # ------------------------------------------------------------------ end-of-run report
+    def report(self):
+        """The run's figures beyond the per-round history (`output_dir/allocation/summary.json`)."""
+        h = self.history
+        out = {"methods": {"pacing": self.plan["pacing"], "filling": self.plan["filling"],
+                           "pruning": self.plan["pruning"]},
+               "budget": self.counters["responses"] + int(self.pacer.remaining_responses),
+               "empty_rounds": self.counters["empty_rounds"],
+               "rounds_without_signal": self.counters["rounds_without_signal"],
+               "responses_unscored": self.counters["unscored"],
+               "trained": any(x["effective_groups"] > 0 for x in h),
+               "allocator_time_share": sum(x["allocator_s"] for x in h) / max(sum(x["round_s"] for x in h), 1e-9)}
+        if self.pruner is not None:
+            out["pruning"] = dict(self.pruner.totals)
+        return out
+
+
+__all__ = ["AllocationEngine", "STATE_VERSION", "PLAN_FIELDS", "check_same_plan", "migrate_state", "json_default"]

@@ -1,0 +1,338 @@
+"""`AllocGRPOTrainer` / `AllocDAPOTrainer`: TRL's GRPOTrainer with an allocating sampling step.
+
+Only the sampling step changes. One scheduler round collects one generation batch (and takes
+`steps_per_round` optimizer steps on it, one by default):
+
+    units = pacer.propose(); rnd = filler.start_round(...)
+    while not rnd.done: generate rnd.requests() with TRL's generation path, score with TRL's reward
+                        functions, rnd.observe(rewards)
+    pacer.update(*rnd.outcomes(num_prompts))
+
+and only the round's committed groups reach TRL's loss, with advantages normalised inside each group
+by its own size. The allocators see each response's success (`success_reward_funcs` >=
+`success_threshold`, NaN when no reward function could score it). The loss, optimizer, logging and
+saving are TRL's.
+
+Distributed contract: the allocator is driven on the main process only; every request and the
+round's summary are broadcast, so all ranks act on identical decisions (the pacer/filler objects on
+other ranks are built but never advanced). Each rank generates a contiguous share of a request's
+rows and scores it; completions and rewards are gathered so every rank holds the whole round, then
+the loss rows are split evenly over ranks. Ranks whose share is empty skip generation, except where
+generation is collective (ZeRO-3, FSDP, vLLM): there they generate throwaway padding rows that are
+never counted, scored or trained on.
+"""
+
+import contextlib
+import copy
+import math
+import time
+
+import torch
+from accelerate.utils import broadcast_object_list
+from datasets import IterableDataset
+from torch.utils.data import DataLoader
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from ..allocation.engine import AllocationEngine
+from ..allocation.factory import resolve_num_rounds
+from ..reporting.hub import HubMixin
+from ..rollout.pruning import build_pruner
+from ..tasks.data import checked_reward
+from .checkpointing import CheckpointMixin
+from .config import AllocDAPOConfig, AllocGRPOConfig
+from .generation import RequestGenerationMixin
+from .loss_batch import LossBatchMixin
+from .metrics import RoundMetricsMixin
+from .trl_compat import check_trainer, check_trl, is_zero3, patch_trl_vllm_client, train_metrics
+
+TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                     "environments"}
+
+
+class _Ticks(torch.utils.data.Dataset):
+    """The train 'dataloader' only paces the loop: one item per micro-step; the round picks prompts."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"tick": i}
+
+
+def _as_list(batch):
+    return batch
+
+
+class _AllocationCallback(TrainerCallback):
+    """Stops training (with a final log and save) once the budget is spent; undoes a zero-lr step;
+    writes the allocation report at the end (unless nothing ran since a finished checkpoint)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        if t._saved_lrs is not None:  # schedulers that set the lr each step have already overwritten 0
+            for group, lr in zip(t.optimizer.param_groups, t._saved_lrs):
+                if group["lr"] == 0.0:
+                    group["lr"] = lr
+            t._saved_lrs = None
+        round_done = state.global_step % t.steps_per_round == 0  # the round's later steps still train
+        if t.engine.budget_exhausted and round_done and state.global_step < state.max_steps:
+            control.should_training_stop = True
+            control.should_log = True
+            if args.save_strategy != "no":
+                control.should_save = True
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        if t.accelerator.is_main_process and t.engine.history and t._rounds_this_session:
+            t.allocation_summary = t.write_allocation_report()
+
+
+class AllocGRPOTrainer(RequestGenerationMixin, LossBatchMixin, RoundMetricsMixin, CheckpointMixin, HubMixin, GRPOTrainer):
+    """GRPOTrainer whose sampling step is a CERO/SARA-style allocation pipeline (see module docstring).
+
+    Takes GRPOTrainer's arguments; `args` must be an `AllocGRPOConfig` and `train_dataset` an indexable
+    `datasets.Dataset` (the prompt pool). `tools`, `rollout_func` and `environment_factory` are not supported.
+    The allocation itself lives in `self.engine` (`allocation.engine.AllocationEngine`); the mixins hold
+    generation (generation.py), the loss batch (loss_batch.py), metrics (metrics.py) and checkpoints.
+    """
+
+    _tag_names = ["trl", "grpo", "trl-alloc"]
+    config_class = AllocGRPOConfig
+
+    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, **kwargs):
+        if args is None:
+            args = self.config_class(output_dir="trl-alloc-output")
+        if not isinstance(args, AllocGRPOConfig):
+            raise TypeError(f"`args` must be an AllocGRPOConfig (got {type(args).__name__}); the allocation fields "
+                            "live there.")
+        if train_dataset is None or isinstance(train_dataset, IterableDataset) or not hasattr(train_dataset, "__len__"):
+            raise ValueError("`train_dataset` is the prompt pool and must be an indexable `datasets.Dataset` (not "
+                             "None or an IterableDataset).")
+        if "prompt" not in train_dataset.column_names:
+            raise ValueError(f"`train_dataset` needs a 'prompt' column (it has {train_dataset.column_names}).")
+        for name in ("tools", "rollout_func", "environment_factory"):
+            if kwargs.get(name):
+                raise ValueError(f"`{name}` is not supported by {type(self).__name__}: the allocator needs one "
+                                 "single-turn response per request row.")
+        args, reward_funcs = self._extra_reward_funcs(args, reward_funcs)
+        reward_funcs = _checked_reward_funcs(reward_funcs)
+        if isinstance(model, str):  # a registered name (trl_alloc.tasks.models) becomes its local folder
+            from ..tasks.models import resolve_model
+            model = resolve_model(model)
+        server_mode = args.use_vllm and args.vllm_mode == "server"
+        check_trl()
+        # server mode: our client (NCCL weight sync on CUDA, an in-place reload elsewhere; clear timeouts)
+        with patch_trl_vllm_client() if server_mode else contextlib.nullcontext():
+            super().__init__(model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
+        check_trainer(self)
+        if self._is_vlm or "image" in train_dataset.column_names or "images" in train_dataset.column_names:
+            raise ValueError(f"{type(self).__name__} supports text prompts only.")
+        if server_mode and self.accelerator.is_main_process:  # before the first push: the same architecture?
+            self.vllm_generation.vllm_client.check_serves(self.accelerator.unwrap_model(self.model).config)
+
+        num_prompts = len(self.train_dataset)
+        if num_prompts == 0:
+            raise ValueError("`train_dataset` is empty; the prompt pool needs at least one prompt.")
+        self.num_rounds = resolve_num_rounds(args, num_prompts)
+        args.check_budget(self.num_rounds)
+        self.steps_per_round = args.steps_per_round
+        planned = self.num_rounds * self.steps_per_round
+        if 0 < args.max_steps < planned and args.num_rounds is not None:
+            if self.accelerator.is_main_process:
+                print(f"[trl-alloc] max_steps={args.max_steps} stops the run after "
+                      f"{math.ceil(args.max_steps / self.steps_per_round)} of {self.num_rounds} rounds; the budget is "
+                      f"still paced over num_rounds={self.num_rounds} (set --num_rounds to plan a shorter run).")
+        else:
+            self.args.max_steps = planned
+        if args.dataloader_num_workers and self.accelerator.is_main_process:
+            print(f"[trl-alloc] dataloader_num_workers={args.dataloader_num_workers} has no effect: prompts are "
+                  "picked from the in-memory pool by the allocator, not loaded per step (docs/trl-compatibility.md).")
+        self.success_funcs = self._success_func_indices(args)
+        self._warn_missing_reward_columns(train_dataset)
+        world = self.accelerator.num_processes
+        self._collective_generation = world > 1 and (self.use_vllm or is_zero3(self) or self.is_fsdp_enabled)
+        # the allocation engine: pacer, filler, pruner (ARROL / random pruning, SPEC §4; None for 'none')
+        self.engine = AllocationEngine(args, num_prompts, self.num_rounds, plan=self.run_plan, pruner=build_pruner(self))
+        self._rounds_this_session = 0
+        self._saved_lrs = None
+        self._round_empty = False
+        self._allocator_s = 0.0
+        self.add_callback(_AllocationCallback(self))
+
+    @property
+    def pruner(self):
+        """The engine's rollout pruner (`rollout.pruning.RolloutPruner`), or None."""
+        return self.engine.pruner
+
+    @staticmethod
+    def _extra_reward_funcs(args, reward_funcs):
+        return args, reward_funcs
+
+    def _success_func_indices(self, args):
+        """Columns of `rewards_per_func` whose unweighted sum is the success score."""
+        names = list(self.reward_func_names)
+        if args.success_reward_funcs:
+            unknown = [n for n in args.success_reward_funcs if n not in names]
+            if unknown:
+                raise ValueError(f"`success_reward_funcs` names {unknown[0]!r}, which is not a reward function of "
+                                 f"this run ({', '.join(names)}).")
+            return [names.index(n) for n in args.success_reward_funcs]
+        verifiers = [i for i, f in enumerate(self.reward_funcs) if getattr(f, "trl_alloc_verifier", False)]
+        return verifiers or [0]
+
+    def _warn_missing_reward_columns(self, dataset):
+        for func, name in zip(self.reward_funcs, self.reward_func_names):
+            if isinstance(func, torch.nn.Module):
+                continue
+            wanted = set(_parameters(func)) - TRL_REWARD_KWARGS - set(dataset.column_names)
+            if wanted:
+                print(f"[trl-alloc] WARNING: reward function {name!r} takes {', '.join(sorted(wanted))}, which the "
+                      f"dataset has no column for (columns: {', '.join(dataset.column_names)}): it will get None. "
+                      "Add the column (e.g. --answer_column) or fix the function.")
+
+    # ------------------------------------------------------------------ loop pacing
+    def get_train_dataloader(self):
+        """One tick per micro-step, K × steps_per_round × gradient_accumulation_steps in all, the same on every
+        rank (not sharded)."""
+        ticks = _Ticks(self.num_rounds * self.steps_per_round * self.args.gradient_accumulation_steps)
+        return DataLoader(ticks, batch_size=1, shuffle=False, collate_fn=_as_list)
+
+    def _prepare_inputs(self, generation_batch):
+        if not self.model.training:  # evaluation keeps TRL's path
+            return super()._prepare_inputs(generation_batch)
+        split = self.args.steps_per_generation  # micro-batches per round, each used num_iterations times
+        if self._step % (split * self.num_iterations) == 0 or self._buffered_inputs is None:
+            start = self._allocator_snapshot()
+            try:
+                self._buffered_inputs = self._run_round()
+            except Exception:
+                self._rescue_checkpoint(start)
+                raise
+        if self._round_empty and self._step % self.args.gradient_accumulation_steps == 0:
+            self._zero_lr()  # every optimizer step of an empty round
+        return self._buffered_inputs[self._step % split]
+
+    # ------------------------------------------------------------------ one round
+    def _broadcast(self, obj):
+        if self.accelerator.num_processes == 1:
+            return obj
+        box = [obj]
+        broadcast_object_list(box, from_process=0)
+        return box[0]
+
+    def _main_call(self, fn):
+        """Run allocator code on the main process; share its result, or its error, with every rank."""
+        out, error = None, None
+        if self.accelerator.is_main_process:
+            try:
+                out = ("ok", fn())
+            except Exception as exc:  # raised on every rank below, so no rank hangs in a collective
+                out, error = ("error", f"{type(exc).__name__}: {exc}"), exc
+        status, value = self._broadcast(out)
+        if status == "error":
+            if error is not None:
+                raise error
+            raise RuntimeError(f"the allocator failed on the main process: {value}")
+        return value
+
+    def _allocator(self, method, *args):
+        """One engine call: on the main process only, timed, its result (or error) shared with every rank."""
+        def timed():
+            t0 = time.perf_counter()
+            try:
+                return method(*args)
+            finally:
+                self._allocator_s += time.perf_counter() - t0
+        return self._main_call(timed)
+
+    def _run_round(self):
+        """Run one scheduler round (module docstring) and return `steps_per_generation` local micro-batches."""
+        t_round = time.perf_counter()
+        self._allocator_s = 0.0
+        engine = self.engine
+        admitted = self._allocator(engine.start_round)
+        rows, requests = [], []
+        while (request := self._allocator(engine.next_request)) is not None:
+            requests.append(request)
+            new = self._generate_and_score_request(*request)
+            rows.extend(new)
+            self._allocator(engine.observe, new, request)
+        summary = self._allocator(engine.finish_round)
+        batches = self._build_loss_batches(rows, summary["groups"])
+        entry = engine.record_round(summary, rows, admitted, requests, len(self._round_loss_rows), self._allocator_s,
+                                    time.perf_counter() - t_round)
+        self._rounds_this_session += 1
+        self._log_round(rows, summary, entry)
+        return batches
+
+    # ------------------------------------------------------------------ empty rounds
+    def _compute_loss(self, model, inputs):
+        if not (self.model.training and self._round_empty):
+            return super()._compute_loss(model, inputs)
+        # An empty round: the zero loss still runs (collectives), but its metrics would only log zeros.
+        metrics = train_metrics(self)
+        before = {key: len(values) for key, values in metrics.items()}
+        loss = super()._compute_loss(model, inputs)
+        for key in list(metrics):
+            del metrics[key][before.get(key, 0):]
+            if not metrics[key]:
+                del metrics[key]
+        return loss
+
+    def _zero_lr(self):
+        """A round with no group: zero learning rate for this optimizer step, so no parameter moves
+        (zero gradients alone would still move Adam parameters through momentum and weight decay)."""
+        if self.optimizer is None or self._saved_lrs is not None:  # outside `train()`, or already zeroed
+            return
+        self._saved_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        for g in self.optimizer.param_groups:
+            g["lr"] = 0.0
+
+
+class AllocDAPOTrainer(AllocGRPOTrainer):
+    """AllocGRPOTrainer with DAPO's overlong reward shaping added to the reward functions
+    (TRL's `get_soft_overlong_punishment`); use with `AllocDAPOConfig`."""
+
+    _tag_names = ["trl", "dapo", "trl-alloc"]
+    config_class = AllocDAPOConfig
+
+    @staticmethod
+    def _extra_reward_funcs(args, reward_funcs):
+        buffer = getattr(args, "overlong_buffer", 0) or 0
+        if buffer <= 0:
+            return args, reward_funcs
+        from trl.rewards import get_soft_overlong_punishment
+
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        if args.reward_weights is not None and len(args.reward_weights) == len(funcs):
+            args = copy.copy(args)  # the caller's config keeps its own weights
+            args.reward_weights = list(args.reward_weights) + [1.0]
+        return args, funcs + [get_soft_overlong_punishment(args.max_completion_length, buffer)]
+
+
+def _checked_reward_funcs(reward_funcs):
+    """Plain-function rewards wrapped so a wrong output names the function (async ones are TRL's)."""
+    import inspect
+
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    out = [f if isinstance(f, (str, torch.nn.Module)) or inspect.iscoroutinefunction(f)
+           or getattr(f, "trl_alloc_checked", False) else checked_reward(f) for f in funcs]
+    return out if isinstance(reward_funcs, (list, tuple)) else out[0]
+
+
+def _parameters(func):
+    import inspect
+
+    try:
+        return [name for name, p in inspect.signature(func).parameters.items()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    except (TypeError, ValueError):
+        return []

@@ -1,0 +1,119 @@
+"""The round's loss batch: its committed groups, with group-normalised advantages, padded into the
+micro-batches TRL's loss reads (the layout of TRL's `_generate_and_score_completions` output)."""
+
+import math
+from collections import defaultdict
+
+import numpy as np
+import torch
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import pad, use_adapter
+
+from .advantages import group_advantages
+from .trl_compat import per_token_logps
+
+
+class LossBatchMixin:
+    """Loss micro-batches of an AllocGRPOTrainer round (pruned rollouts never reach the loss)."""
+
+    def _build_loss_batches(self, rows, groups):
+        """The round's committed groups as this rank's `gradient_accumulation_steps` micro-batches
+        (pruned rollouts never reach the loss; a group is its survivors)."""
+        by_pid = defaultdict(list)
+        for i, row in enumerate(rows):
+            if not row.get("pruned"):
+                by_pid[row["pid"]].append(i)
+        groups = [g for g in dict.fromkeys(groups) if by_pid[g]]
+        loss_rows = [rows[i] for g in groups for i in by_pid[g]]
+        sizes = [len(by_pid[g]) for g in groups]
+        self._round_loss_rows, self._round_zero_std = loss_rows, None
+        self._round_empty = not loss_rows
+        split = self.args.steps_per_generation
+        if not loss_rows:
+            return [self._collate([], torch.zeros(0), 1) for _ in range(split)]
+        rewards = torch.stack([r["rewards"] for r in loss_rows])
+        group_index = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+        advantages, zero_std = group_advantages(rewards, group_index, self.reward_weights.cpu(),
+                                                self.multi_objective_aggregation, self.scale_rewards)
+        self._round_advantages, self._round_zero_std = advantages, zero_std
+        eos_and_pad = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        keep = [not (self.mask_truncated_completions and (not r["completion_ids"] or r["completion_ids"][-1]
+                                                          not in eos_and_pad)) for r in loss_rows]
+        num_items = sum(len(r["completion_ids"]) for r, k in zip(loss_rows, keep) if k)
+        # Even split over ranks (contiguous, as TRL slices a generation batch), shuffle, then micro-batches.
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        mine = np.array_split(np.arange(len(loss_rows)), world)[rank]
+        mine = mine[torch.randperm(len(mine)).numpy()] if len(mine) else mine
+        batches = []
+        for part in np.array_split(mine, split):
+            part = part.tolist()
+            batches.append(self._collate([loss_rows[i] for i in part], advantages[part], num_items,
+                                         [keep[i] for i in part]))
+        return batches
+
+    def _collate(self, rows, advantages, num_items, keep=None):
+        """Pad a micro-batch like TRL's `_generate_and_score_completions` output. An empty micro-batch
+        becomes one dummy row whose loss mask (`tool_mask`) is zero, so every rank still runs forward and
+        backward (DeepSpeed/DDP collectives) while the loss and gradients stay exactly zero."""
+        device = self.accelerator.device
+        pad_id = self._tokenizer.pad_token_id
+        dummy = not rows
+        if dummy:  # two completion tokens: TRL treats a (B, 1) tensor as sequence-level in its metrics
+            rows = [{"prompt_ids": [pad_id], "completion_ids": [self.eos_token_ids[0]] * 2}]
+            advantages, keep = torch.zeros(1), [True]
+        p = [torch.tensor(r["prompt_ids"], dtype=torch.long) for r in rows]
+        c = [torch.tensor(r["completion_ids"], dtype=torch.long) for r in rows]
+        mult = self.pad_to_multiple_of
+        out = {
+            "prompt_ids": pad(p, padding_value=pad_id, padding_side="left", pad_to_multiple_of=mult).to(device),
+            "prompt_mask": pad([torch.ones_like(x) for x in p], padding_value=0, padding_side="left",
+                               pad_to_multiple_of=mult).to(device),
+            "completion_ids": pad(c, padding_value=pad_id, padding_side="right", pad_to_multiple_of=mult).to(device),
+            "completion_mask": pad([torch.ones_like(x) for x in c], padding_value=0, padding_side="right",
+                                   pad_to_multiple_of=mult).to(device),
+            "advantages": advantages.to(device=device, dtype=torch.float32),
+            "num_items_in_batch": torch.tensor(float(num_items), device=device),
+        }
+        if keep is not None and not all(keep):  # mask_truncated_completions
+            out["completion_mask"] = out["completion_mask"] * torch.tensor(keep, device=device).unsqueeze(1).int()
+        if dummy:
+            out["tool_mask"] = torch.zeros_like(out["completion_mask"])
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            sampling = [torch.tensor(r.get("sampling_logps") or [0.0] * len(r["completion_ids"])) for r in rows]
+            out["sampling_per_token_logps"] = pad(sampling, padding_value=0.0, padding_side="right",
+                                                  pad_to_multiple_of=mult).to(device)
+            out["old_per_token_logps"] = self._policy_logps(out, self.model)
+            out["importance_sampling_ratio"] = self._importance_ratio(out)
+        elif self.steps_per_round > 1 and not dummy:  # later steps see an older policy's samples (TRL's rule)
+            out["old_per_token_logps"] = self._policy_logps(out, self.model)
+        if self.beta != 0.0:
+            out["ref_per_token_logps"] = self._ref_logps(out)
+        return out
+
+    def _importance_ratio(self, batch):
+        """TRL's vLLM importance-sampling ratio (token or sequence level, truncated or masked)."""
+        mask = batch["completion_mask"] * batch.get("tool_mask", 1)
+        diff = torch.nan_to_num((batch["old_per_token_logps"] - batch["sampling_per_token_logps"]) * mask, nan=0.0)
+        mode = self.vllm_importance_sampling_mode
+        ratio = torch.exp(diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff)
+        lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if mode.endswith("truncate"):
+            return torch.clamp(ratio, min=lo, max=hi)
+        lo = -math.inf if lo is None else lo
+        hi = math.inf if hi is None else hi
+        return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+
+    @torch.no_grad()
+    def _policy_logps(self, batch, model):
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            return per_token_logps(self, model, ids, mask, batch["completion_ids"].size(1))
+
+    def _ref_logps(self, batch):
+        """Reference-model log-probabilities for the KL term (TRL's rule: ref model, or PEFT adapters off)."""
+        if self.ref_model is not None:
+            return self._policy_logps(batch, self.ref_model)
+        model = self.accelerator.unwrap_model(self.model)
+        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+            return self._policy_logps(batch, self.model)

@@ -1,0 +1,116 @@
+"""The figures an AllocGRPOTrainer round logs through TRL's metrics (`alloc/*`, `pruning/*`, `arrol/*`, and
+TRL's own completion, reward and table columns), and the warning when nothing trains."""
+
+import numpy as np
+import torch
+from accelerate.utils import gather_object
+from trl.trainer.utils import nanstd
+
+from .trl_compat import completion_log, take_pending_metrics, train_metrics
+
+# Round.stats() keys every filler reports; the rest are the filler's own (logged as alloc/<filling>/<key>)
+BASE_STATS = ("responses", "groups", "effective_groups", "abandoned", "generation_calls", "pruned", "unscored")
+
+
+class RoundMetricsMixin:
+    """Logs one round's allocation, completion and reward figures (called once per round, every rank)."""
+
+    def _log_round(self, rows, summary, entry):
+        m = train_metrics(self)
+        stats, counters = summary["stats"], self.engine.counters
+        self.state.num_input_tokens_seen += sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
+        m["num_tokens"] = [self.state.num_input_tokens_seen]
+        for key, value in {
+            "alloc/round": counters["rounds"], "alloc/responses_spent": counters["responses"],
+            "alloc/responses_remaining": summary["remaining"], "alloc/tokens_spent": counters["tokens"],
+            "alloc/empty_rounds": counters["empty_rounds"], "alloc/responses_unscored": counters["unscored"],
+        }.items():
+            m[key] = [float(value)]
+        m["alloc/round_responses"].append(float(entry["responses"]))
+        m["alloc/round_tokens"].append(float(entry["tokens"]))
+        m["alloc/groups_admitted"].append(float(entry["admitted"]))
+        m["alloc/groups_committed"].append(float(stats["groups"]))
+        m["alloc/groups_abandoned"].append(float(stats["abandoned"]))
+        m["alloc/effective_groups"].append(float(stats["effective_groups"]))
+        m["alloc/egr"].append(stats["effective_groups"] / entry["groups"] if entry["groups"] else 0.0)
+        m["alloc/loss_responses"].append(float(entry["loss_responses"]))
+        m["alloc/generation_calls"].append(float(stats["generation_calls"]))
+        for key in sorted(set(stats) - set(BASE_STATS)):  # e.g. SARA's mean_rollouts_to_decide
+            m[f"alloc/{self.args.filling}/{key}"].append(float(stats[key]))
+        m["alloc/time_s"].append(entry["allocator_s"])
+        m["alloc/time_share"].append(entry["allocator_s"] / entry["round_s"] if entry["round_s"] > 0 else 0.0)
+        if "pacing_gap" in summary:
+            m["alloc/pacing_gap"] = [summary["pacing_gap"]]
+        self._warn_without_signal(rows)
+        if "pruning" in summary:
+            m["alloc/responses_pruned"].append(float(stats.get("pruned", 0)))
+            for key, value in summary["pruning"].items():
+                if key.endswith("_total"):
+                    m[key] = [value]
+                else:
+                    m[key].append(value)
+        rows = [r for r in rows if not r.get("pruned")]  # completion and reward figures: completed rollouts
+        if not rows:
+            return
+        self._log_completions(m, rows)
+        self._log_reward_metrics(m)
+
+    def _log_completions(self, m, rows):
+        lengths = torch.tensor([len(r["completion_ids"]) for r in rows], dtype=torch.float)
+        m["completions/mean_length"].append(lengths.mean().item())
+        m["completions/min_length"].append(lengths.min().item())
+        m["completions/max_length"].append(lengths.max().item())
+        eos_and_pad = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        clipped = [not r["completion_ids"] or r["completion_ids"][-1] not in eos_and_pad for r in rows]
+        m["completions/clipped_ratio"].append(float(np.mean(clipped)))
+        rpf = torch.stack([r["rewards"] for r in rows])
+        for i, name in enumerate(self.reward_func_names):
+            m[f"rewards/{name}/mean"].append(torch.nanmean(rpf[:, i]).item())
+            m[f"rewards/{name}/std"].append(nanstd(rpf[:, i]).item())
+        reward = torch.tensor([r["reward"] for r in rows])
+        m["reward"].append(torch.nanmean(reward).item())
+        m["reward_std"].append(nanstd(reward).item())
+        if self._round_zero_std is None:
+            return
+        m["frac_reward_zero_std"].append(self._round_zero_std.float().mean().item())
+        logs, loss_rows = completion_log(self), self._round_loss_rows
+        logs["prompt"].extend(self.train_dataset[[r["pid"] for r in loss_rows]]["prompt"])
+        logs["completion"].extend(r["completion"] for r in loss_rows)
+        for i, name in enumerate(self.reward_func_names):
+            logs["rewards"][name].extend(float(r["rewards"][i]) for r in loss_rows)
+        logs["advantages"].extend(self._round_advantages.tolist())
+        for column in sorted({c for r in loss_rows for c in r["extra"]}):
+            logs["extra"][column].extend(r["extra"].get(column) for r in loss_rows)
+
+    def _log_reward_metrics(self, m):
+        """What reward functions logged with `log_metric`, averaged over every rank's values."""
+        pending = take_pending_metrics(self)
+        for name in sorted(set(gather_object(list(pending)))):
+            values = pending.get(name, [])
+            stats_t = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=self.accelerator.device)
+            total, count = self.accelerator.gather(stats_t).view(-1, 2).sum(dim=0).tolist()
+            m[name].append(total / count if count else float("nan"))
+
+    def _warn_without_signal(self, rows):
+        """After `no_signal_warning_rounds` rounds in a row without a mixed group: warn, naming the likely cause."""
+        streak = self.engine.signal_streak
+        if streak != self.args.no_signal_warning_rounds or not self.accelerator.is_main_process:
+            return
+        success = np.array([r["success"] for r in rows if not r.get("pruned")], dtype=float)
+        reward = np.array([r["reward"] for r in rows if not r.get("pruned")], dtype=float)
+        scored = success[~np.isnan(success)]
+        names = [self.reward_func_names[i] for i in self.success_funcs]
+        if not len(rows):
+            cause = (f"no response was generated (responses left in the budget: {int(self.engine.pacer.remaining_responses)}); "
+                     "raise `rollout_budget`")
+        elif not scored.size:
+            cause = "every reward was None/NaN: no reward function could score the responses"
+        elif scored.max() == 0:
+            cause = (f"no response succeeded: success = {' + '.join(names)} >= success_threshold "
+                     f"({self.args.success_threshold}), and the rewards seen lie in [{np.nanmin(reward):g}, "
+                     f"{np.nanmax(reward):g}]. Check `success_threshold` / `success_reward_funcs`, the dataset's "
+                     "answers, or use easier prompts")
+        else:
+            cause = "every response succeeded: the prompts are too easy for this policy"
+        print(f"[trl-alloc] WARNING: {streak} rounds in a row without one mixed group, so nothing is "
+              f"trained. Likely cause: {cause}.")

@@ -1,0 +1,129 @@
+"""Every private part of TRL that trl-alloc uses, in one place, checked once.
+
+trl-alloc replaces only GRPOTrainer's sampling step, so it calls the steps TRL's own sampling step
+calls (`_tokenize_prompts`, `_generate_single_turn`, `_calculate_rewards`), feeds TRL's metric and
+completion-log buffers (`_metrics`, `_pending_metrics`, `_pending_extra_logs`, `_logs`), reads its
+distributed set-up (`_dist`), and makes TRL's vLLM server mode build our client. These are not TRL's
+public API: `check_trainer` names what is missing when a TRL release moves them.
+"""
+
+import contextlib
+import warnings
+
+import trl
+from trl import GRPOTrainer
+
+TESTED_TRL = "1.16"  # setup.py: trl>=1.16,<1.17
+TRAINER_METHODS = ("_tokenize_prompts", "_generate_single_turn", "_calculate_rewards",
+                   "_get_per_token_logps_and_entropies", "_compute_loss", "_prepare_inputs")
+TRAINER_ATTRIBUTES = ("_metrics", "_pending_metrics", "_pending_extra_logs", "_logs", "_dist", "_tokenizer",
+                      "_is_vlm", "_buffered_inputs", "_step")
+
+
+class TRLCompatibilityError(RuntimeError):
+    """The installed TRL lacks a private part of GRPOTrainer that trl-alloc relies on."""
+
+
+def _missing(names, obj):
+    return [n for n in names if not hasattr(obj, n)]
+
+
+def check_trl():
+    """Before a trainer is built: TRL's GRPOTrainer still has the methods we call (a warning for an
+    untested version that has them, an error naming the missing ones otherwise)."""
+    missing = _missing(TRAINER_METHODS, GRPOTrainer)
+    if missing:
+        raise TRLCompatibilityError(
+            f"trl {trl.__version__}'s GRPOTrainer has no {', '.join(missing)}, which trl-alloc's sampling step "
+            f"calls; install the TRL it was tested with: pip install 'trl>={TESTED_TRL},<1.17'.")
+    if not trl.__version__.startswith(TESTED_TRL + "."):
+        warnings.warn(f"trl-alloc was tested with trl {TESTED_TRL}.x; you have {trl.__version__}. The private "
+                      "GRPOTrainer methods it calls are present, but their behaviour may differ.", stacklevel=3)
+
+
+def check_trainer(trainer):
+    """After GRPOTrainer.__init__: the buffers and set-up the sampling step reads are there."""
+    missing = _missing(TRAINER_ATTRIBUTES, trainer)
+    if missing:
+        raise TRLCompatibilityError(
+            f"trl {trl.__version__}'s GRPOTrainer does not set {', '.join(missing)}, which trl-alloc reads; install "
+            f"the TRL it was tested with: pip install 'trl>={TESTED_TRL},<1.17'.")
+
+
+# ---------------------------------------------------------------------- the steps of TRL's sampling step
+def tokenize_prompts(trainer, prompts):
+    """Prompt token ids as TRL's sampling step makes them (chat template for conversations)."""
+    return trainer._tokenize_prompts(prompts)[0]
+
+
+def generate(trainer, prompt_ids):
+    """One completion per prompt through TRL's generation backend (transformers, vLLM colocate or
+    server); returns (completion ids, sampling log-probs or None)."""
+    return trainer._generate_single_turn(prompt_ids, None, {}, 1)
+
+
+def calculate_rewards(trainer, inputs, prompts, completions, completion_ids):
+    """TRL's reward step (every reward function, gathered over ranks): (rows, functions) tensor."""
+    return trainer._calculate_rewards(inputs, prompts, completions, completion_ids)
+
+
+def per_token_logps(trainer, model, ids, mask, completion_length):
+    return trainer._get_per_token_logps_and_entropies(model, ids, mask, completion_length)[0]
+
+
+def is_zero3(trainer):
+    return trainer._dist.is_zero3
+
+
+def train_metrics(trainer):
+    """TRL's per-step metric lists (logged as their mean at the next log)."""
+    return trainer._metrics["train"]
+
+
+def take_pending_metrics(trainer):
+    """Metrics reward functions logged with `log_metric` since the last call (and clear them)."""
+    out = {name: list(values) for name, values in trainer._pending_metrics.items()}
+    trainer._pending_metrics.clear()
+    return out
+
+
+def take_extra_columns(trainer):
+    """Columns reward functions wrote with `log_extra` since the last call (and clear them)."""
+    out = {name: list(values) for name, values in trainer._pending_extra_logs.items()}
+    trainer._pending_extra_logs.clear()
+    return out
+
+
+def completion_log(trainer):
+    """TRL's completion table buffers (prompt, completion, rewards, advantages, extra)."""
+    return trainer._logs
+
+
+@contextlib.contextmanager
+def patch_trl_vllm_client(**client_kwargs):
+    """Make TRL's `VLLMGeneration` (GRPOTrainer's vLLM server mode) build an `AllocVLLMClient`.
+
+    Use around the trainer's construction (`VLLMGeneration` creates its client in `__init__`)::
+
+        with patch_trl_vllm_client(request_timeout=600):
+            trainer = GRPOTrainer(..., args=GRPOConfig(use_vllm=True, vllm_mode="server", ...))
+
+    `client_kwargs` are added to TRL's (`base_url`, `group_port`, `connection_timeout`).
+    """
+    import trl.generation.vllm_generation as vg
+
+    from ..serving.client import AllocVLLMClient
+
+    if not hasattr(vg, "VLLMClient"):
+        raise TRLCompatibilityError(f"trl {trl.__version__} has no trl.generation.vllm_generation.VLLMClient to "
+                                    f"replace; install pip install 'trl>={TESTED_TRL},<1.17'.")
+    original = vg.VLLMClient
+
+    def factory(*args, **kwargs):
+        return AllocVLLMClient(*args, **{**client_kwargs, **kwargs})
+
+    vg.VLLMClient = factory
+    try:
+        yield
+    finally:
+        vg.VLLMClient = original
