@@ -320,8 +320,24 @@ def test_bad_pruning_config(tmp_path, overrides, match):
 
 
 def test_pruning_none_is_unchanged(tmp_path):
-    args = AllocGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    """pruning='none': no pruner, one full-length generation call per request, every rollout completes and
+    is scored, and there are no pruning metrics, no pruner state and no quality-head folder."""
+    args = AllocGRPOConfig(output_dir=str(tmp_path / "defaults"), use_cpu=True, report_to=[])
     assert args.pruning == "none" and args.detect_length == 512 and args.keep_ratio == 0.5
+    trainer = build(tmp_path / "none", pruning="none", max_steps=2, save_strategy="steps", save_steps=2)
+    assert trainer.pruner is None and trainer.engine.pruner is None
+    rec = spy(trainer)
+    trainer.train()
+    assert len(rec["calls"]) == len(rec["requests"]) > 0  # one generation call per request, no second phase
+    assert all(cap == MAX_LEN for cap, _, _ in rec["calls"])
+    rows = [r for req in rec["requests"] for r in req]
+    assert not any(r["pruned"] for r in rows) and all(np.isfinite(r["success"]) for r in rows)
+    assert trainer.engine.counters["responses"] == len(rows) == 2 * 16
+    assert sum(h["pruned"] for h in trainer.engine.history) == 0
+    assert not any(k.startswith(("pruning/", "arrol/")) for x in trainer.state.log_history for k in x)
+    checkpoint = tmp_path / "none" / "checkpoint-2"
+    assert (checkpoint / ALLOCATION_STATE_NAME).is_file() and not (checkpoint / HEAD_DIR).exists()
+    assert json.loads((checkpoint / ALLOCATION_STATE_NAME).read_text())["pruner"] is None
 
 
 # ---------------------------------------------------------------- two processes, ZeRO-3 (slow)

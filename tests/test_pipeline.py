@@ -1,14 +1,11 @@
 """Composition of pacers and fillers (SPEC §1) on a drifting synthetic pool, as scripts/plan.py runs it."""
 
 import argparse
-import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-import plan  # noqa: E402
+from trl_alloc.allocation import simulate as plan
 
 
 @pytest.fixture(scope="module")

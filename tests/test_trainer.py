@@ -158,6 +158,10 @@ def test_never_generates_past_the_budget(tmp_path, pacing, filling):
     for entry in trainer.engine.round_log:  # every loss group was generated in its own round
         asked = {pid for ids, _ in entry["requests"] for pid in ids}
         assert set(entry["groups"]) <= asked
+    if filling == "sara":  # SARA's own statistics reach the log (alloc/sara/*)
+        logged = {k for x in trainer.state.log_history for k in x}
+        assert {"alloc/sara/mean_rollouts_to_decide", "alloc/sara/expected_lost_groups",
+                "alloc/sara/unfinished"} <= logged
 
 
 def test_empty_round_leaves_parameters_unchanged(tmp_path):

@@ -16,6 +16,7 @@ The pruner, when there is one, is the rollout layer's object (duck-typed: `recor
 `state_dict`, `load_state_dict`, `totals`); its decisions are `allocation.arrol`'s.
 """
 
+import functools
 import json
 
 import numpy as np
@@ -65,24 +66,30 @@ def check_same_plan(state, current, where):
 
 
 class AllocationEngine:
-    """Pacer + filler (+ pruner) of one run, built from a config's fields (`allocation.factory`).
+    """Pacer + filler (+ pruner) of one run.
 
+    join(pacer, units) -> the keyword arguments of `filler.start_round` (`pipeline.round_arguments`);
     `plan` is a dict of `PLAN_FIELDS` (or a function returning it, evaluated when first needed).
+    `from_config` builds all of it from an `AllocGRPOConfig`'s fields.
     """
 
-    def __init__(self, args, num_prompts, num_rounds, plan, pruner=None):
-        self.args = args
-        self.pacer = build_pacer(args, num_prompts, num_rounds)
-        self.filler = build_filler(args, num_prompts, self.pacer)
+    def __init__(self, pacer, filler, join, plan, pruner=None):
+        self.pacer, self.filler, self.join = pacer, filler, join
         self.pruner = pruner
         self._plan = plan
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.history = []  # per round: the figures of `output_dir/allocation/summary.json`
-        self.exposure = np.zeros(num_prompts, np.int64)  # responses per prompt over the run
+        self.exposure = np.zeros(pacer.num_prompts, np.int64)  # responses per prompt over the run
         self.round_log = []  # per round: the requests and committed groups (identical on every rank)
         self.budget_exhausted = False
         self.signal_streak = 0  # rounds in a row without a mixed group
         self._round = None
+
+    @classmethod
+    def from_config(cls, args, num_prompts, num_rounds, plan, pruner=None):
+        """The engine an `AllocGRPOConfig` (or any object with its fields) names, through the registry."""
+        pacer = build_pacer(args, num_prompts, num_rounds)
+        return cls(pacer, build_filler(args, num_prompts, pacer), functools.partial(round_kwargs, args), plan, pruner)
 
     @property
     def plan(self):
@@ -94,7 +101,7 @@ class AllocationEngine:
     def start_round(self):
         """The pacer's proposal opens the filler's round; returns the number of prompts admitted."""
         units = self.pacer.propose()
-        self._round = self.filler.start_round(**round_kwargs(self.args, self.pacer, units))
+        self._round = self.filler.start_round(**self.join(self.pacer, units))
         return int((units > 0).sum())
 
     def next_request(self):

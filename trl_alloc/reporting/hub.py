@@ -13,7 +13,6 @@ from .. import __version__
 
 # Files of a run folder that a checkpoint push copies to the repo root next to TRL's modeling files.
 RUN_FILES = ("allocation_state.json", "training_args.json")
-RUN_FOLDERS = ("quality_head", "allocation")
 SETTING_KEYS = ("pacing", "filling", "pruning", "rollout_budget", "num_rounds", "num_generations", "unit_size",
                 "max_units", "round_capacity", "saturation", "forgetting", "prior_alpha", "prior_beta",
                 "init_price", "probe", "tau_low", "commit_min", "history_decay", "max_generation_batches",

@@ -160,7 +160,8 @@ class AllocGRPOTrainer(RequestGenerationMixin, LossBatchMixin, RoundMetricsMixin
         world = self.accelerator.num_processes
         self._collective_generation = world > 1 and (self.use_vllm or is_zero3(self) or self.is_fsdp_enabled)
         # the allocation engine: pacer, filler, pruner (ARROL / random pruning, SPEC §4; None for 'none')
-        self.engine = AllocationEngine(args, num_prompts, self.num_rounds, plan=self.run_plan, pruner=build_pruner(self))
+        self.engine = AllocationEngine.from_config(args, num_prompts, self.num_rounds, plan=self.run_plan,
+                                                   pruner=build_pruner(self))
         self._rounds_this_session = 0
         self._saved_lrs = None
         self._round_empty = False

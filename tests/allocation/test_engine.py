@@ -1,0 +1,147 @@
+"""The allocation engine without TRL (allocation/engine.py): one run driven round by round with synthetic
+rewards, exact accounting, its versioned state, and the registry it is built from."""
+
+import functools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from trl_alloc.allocation import make_filler, make_pacer, method_class, method_names
+from trl_alloc.allocation.engine import (PLAN_FIELDS, STATE_VERSION, AllocationEngine, json_default,
+                                         migrate_state)
+from trl_alloc.allocation.pipeline import round_arguments
+from trl_alloc.allocation.registry import cero_family, register
+
+K, N, ROUNDS, UNIT = 4, 24, 5, 2
+
+
+def plan(**kw):
+    return {"pacing": "cero", "filling": "sara", "pruning": "none", "num_prompts": N, "num_rounds": ROUNDS,
+            "rollout_budget": 80, "allocation_seed": 0, "dataset_fingerprint": "abc", **kw}
+
+
+def engine(**kw):
+    pacer = make_pacer("cero", N, rounds=ROUNDS, budget=80 // UNIT, round_capacity=12, unit_size=UNIT, seed=0)
+    filler = make_filler("sara", group_size=K, probe=2, tau_low="auto", commit_min=K)
+    join = functools.partial(round_arguments, filling="sara", group_size=K, oversample=1)
+    return AllocationEngine(pacer, filler, join, plan(**kw))
+
+
+def run_round(e, p_success, rng):
+    """One round as the trainer drives it; rows carry only what the engine reads."""
+    admitted = e.start_round()
+    rows, requests = [], []
+    while (req := e.next_request()) is not None:
+        new = [{"pid": pid, "success": float(rng.random() < p_success[pid]), "pruned": False,
+                "completion_ids": [1] * (1 + pid % 3)} for pid, n in zip(*req) for _ in range(n)]
+        requests.append(req)
+        rows += new
+        e.observe(new, req)
+    summary = e.finish_round()
+    return e.record_round(summary, rows, admitted, requests, loss_responses=len(summary["groups"]) * K,
+                          allocator_s=0.0, round_s=1.0), rows
+
+
+def test_engine_accounts_exactly_and_never_overspends():
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0, 1, N)
+    e = engine()
+    spent = tokens = 0
+    for _ in range(ROUNDS):
+        entry, rows = run_round(e, p, rng)
+        spent += len(rows)
+        tokens += sum(len(r["completion_ids"]) for r in rows)
+        assert entry["responses"] == len(rows) and (entry["generation_calls"] >= 1) == bool(rows)  # CERO may skip
+    c = e.counters
+    assert c["rounds"] == ROUNDS and c["responses"] == spent == int(e.exposure.sum()) and c["tokens"] == tokens
+    assert spent + e.pacer.remaining_responses == 80 and spent <= 80
+    assert [h["round"] for h in e.history] == list(range(1, ROUNDS + 1)) and len(e.round_log) == ROUNDS
+    assert e.report()["budget"] == 80 and e.report()["methods"] == {"pacing": "cero", "filling": "sara",
+                                                                   "pruning": "none"}
+
+
+def test_engine_state_round_trips_and_resumes_identically():
+    rng_a, rng_b = np.random.default_rng(1), np.random.default_rng(1)
+    p = np.random.default_rng(2).uniform(0, 1, N)
+    full, first = engine(), engine()
+    for _ in range(2):
+        run_round(full, p, rng_a)
+        run_round(first, p, rng_b)
+    state = json.loads(json.dumps(first.state_dict(), default=json_default))
+    assert state["version"] == STATE_VERSION and all(state[k] == plan()[k] for k in PLAN_FIELDS)
+    resumed = engine()
+    resumed.load_state_dict(state)
+    for _ in range(ROUNDS - 2):
+        run_round(full, p, rng_a)
+        run_round(resumed, p, rng_b)
+    assert resumed.round_log == full.round_log[2:] and resumed.history == full.history
+    assert resumed.counters == full.counters and resumed.exposure.tolist() == full.exposure.tolist()
+
+
+def test_state_version_is_checked_and_old_states_migrate():
+    e = engine()
+    state = json.loads(json.dumps(e.state_dict(), default=json_default))
+    with pytest.raises(ValueError, match=r"checkpoint-9/allocation_state.json has state version 3, newer"):
+        engine().load_state_dict({**state, "version": STATE_VERSION + 1}, where="checkpoint-9/allocation_state.json")
+    v1 = {k: state[k] for k in ("pacer", "filler", "counters", "budget_exhausted", "pacing", "filling",
+                                "num_prompts", "num_rounds")}
+    v1["version"] = 1
+    migrated = migrate_state(v1)
+    assert migrated["version"] == STATE_VERSION and migrated["history"] == [] and migrated["pruning"] == "none"
+    engine().load_state_dict(v1)  # an issue-1-era checkpoint still resumes
+    with pytest.raises(ValueError, match="rollout_budget=80, but this run has rollout_budget=96"):
+        engine(rollout_budget=96).load_state_dict(state, where="x")
+
+
+def test_registry_maps_every_config_name_to_its_class():
+    assert set(method_names("pacing")) == {"uniform", "knapsack", "cero", "cero_fixed", "cero_preset",
+                                           "cero_greedy", "random_matched"}
+    assert set(method_names("filling")) == {"full", "dynamic_sampling", "sara"}
+    assert method_names("pruning") == ("none", "arrol", "random") and method_class("pruning", "none") is None
+    assert cero_family() == ("cero", "cero_fixed", "cero_preset", "cero_greedy")
+    for stage in ("pacing", "filling"):
+        for name in method_names(stage):
+            assert method_class(stage, name).method_name == name
+    with pytest.raises(ValueError, match="unknown pacing 'ceros'; choose one of uniform, knapsack, cero"):
+        method_class("pacing", "ceros")
+    with pytest.raises(ValueError, match="registered twice"):
+        register("pacing", "cero")(type("Other", (), {}))
+
+
+def test_config_validation_reads_the_registry():
+    """The config's choices are the registry's (no second list of names)."""
+    from trl_alloc.trainer import config
+
+    assert config.PACINGS == method_names("pacing") and config.CERO_FAMILY == cero_family()
+    with pytest.raises(ValueError, match="pacing"):
+        config.AllocGRPOConfig(output_dir="/tmp/x", pacing="ceros", use_cpu=True, report_to=[])
+
+
+def test_random_matched_resumes_with_its_saved_seed():
+    """RandomMatched's permutation comes from the checkpoint's seed, not from the resuming run's."""
+    reference = [[[0, 1, 2], [1, 1, 2]], [[3, 4], [2, 1]]]
+    saved = make_pacer("random_matched", 10, reference=reference, unit_size=2, seed=0)
+    resumed = make_pacer("random_matched", 10, reference=reference, unit_size=2, seed=7)
+    assert resumed.ranked_prompts.tolist() != saved.ranked_prompts.tolist()
+    resumed.load_state_dict(json.loads(json.dumps(saved.state_dict(), default=json_default)))
+    assert resumed.seed == 0 and resumed.ranked_prompts.tolist() == saved.ranked_prompts.tolist()
+    assert resumed.propose().tolist() == saved.propose().tolist()
+
+
+def test_json_default_converts_numpy_and_refuses_the_rest():
+    data = {"i": np.int64(3), "f": np.float32(0.5), "b": np.bool_(True), "a": np.arange(3)}
+    assert json.loads(json.dumps(data, default=json_default)) == {"i": 3, "f": 0.5, "b": True, "a": [0, 1, 2]}
+    with pytest.raises(TypeError, match="set is not JSON-serialisable"):
+        json.dumps({"s": {1}}, default=json_default)
+
+
+@pytest.mark.parametrize("module", ["trl_alloc.allocation", "trl_alloc.allocation.engine",
+                                    "trl_alloc.allocation.factory", "trl_alloc.allocation.simulate",
+                                    "trl_alloc.serving.server", "trl_alloc.serving.protocol"])
+def test_torch_free_modules_import_neither_torch_nor_trl(module):
+    code = f"import sys, {module}; print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,126 @@
+"""A prompt-level simulator of whole runs (what `scripts/plan.py` prints): the real pacers and fillers, no
+model, on a synthetic pool whose success rates drift as a policy would learn (SPEC issue 5's planning
+prior). numpy only.
+"""
+
+import time
+
+import numpy as np
+
+from . import make_filler, make_pacer
+from .pipeline import round_arguments
+
+
+class DriftingPool:
+    """A synthetic prompt pool whose success rates drift as a policy would learn: logit_i(t) =
+    logit_i(0) + drift · t/K + gain · (responses trained on prompt i)/k (SPEC issue 5's planning prior)."""
+
+    def __init__(self, num_prompts, rounds, mean_logit=-1.0, spread=2.5, drift=1.5, gain=0.05,
+                 group_size=8, seed=0):
+        self.rng = np.random.default_rng(seed)
+        self.logit0 = self.rng.normal(mean_logit, spread, num_prompts)
+        self.rounds, self.drift, self.gain, self.k = rounds, drift, gain, group_size
+        self.trained = np.zeros(num_prompts)
+        self.t = 0
+
+    def success_rate(self):
+        z = self.logit0 + self.drift * self.t / self.rounds + self.gain * self.trained / self.k
+        return 1.0 / (1.0 + np.exp(-z))
+
+    def sample(self, ids, counts):
+        p = self.success_rate()
+        return [(self.rng.random(n) < p[i]).astype(float) for i, n in zip(ids, counts)]
+
+    def step(self, rnd):
+        """Advance one round: the groups that reached the loss are 'trained on'."""
+        for pid in rnd.groups:
+            self.trained[pid] += rnd.successes.get(pid, 0) + rnd.failures.get(pid, 0)
+        self.t += 1
+
+
+def predicted_success_bins(predicted, admitted, bins=5):
+    """Selection lift by predicted-success bin: the admitted prompts' share in each bin of the
+    pre-decision predicted success rate, over the pool's share in that bin (1 = no preference)."""
+    edges = np.linspace(0, 1, bins + 1)
+    pool = np.histogram(predicted, edges)[0] / max(predicted.size, 1)
+    chosen = np.histogram(predicted[admitted], edges)[0] / max(len(admitted), 1)
+    return np.divide(chosen, pool, out=np.full(bins, np.nan), where=pool > 0)
+
+
+def build_method(method, args, reference=None):
+    """(pacer, filler, filling) for a method name like 'cero', 'cero+sara', 'uniform+dynamic_sampling'."""
+    pacing, _, filling = method.partition("+")
+    filling = filling or "full"
+    k = args.units_per_group * args.unit_size
+    budget_units = args.budget // args.unit_size
+    if pacing in ("uniform", "knapsack"):
+        extra = {"min_n": 2, "max_n": 4 * k} if pacing == "knapsack" else {}
+        pacer = make_pacer(pacing, args.prompts, prompts_per_round=args.budget // (k * args.rounds),
+                           group_size=k, budget_responses=args.budget, seed=args.seed, **extra)
+    elif pacing == "random_matched":
+        pacer = make_pacer(pacing, args.prompts, reference=reference, unit_size=args.unit_size, seed=args.seed)
+    else:
+        pacer = make_pacer(pacing, args.prompts, rounds=args.rounds, budget=budget_units,
+                           round_capacity=args.capacity, max_units=args.units_per_group,
+                           unit_size=args.unit_size, seed=args.seed)
+    filler = {"full": lambda: make_filler("full", group_size=k),
+              "sara": lambda: make_filler("sara", group_size=k, tau_low=args.tau_low),
+              "dynamic_sampling": lambda: make_filler("dynamic_sampling", group_size=k,
+                                                      max_generation_batches=50)}[filling]()
+    return pacer, filler, filling
+
+
+def simulate(method, args, reference=None):
+    """Run `method` (e.g. 'cero+sara') over `args.rounds` rounds of a `DriftingPool`; returns (summary,
+    per-round record, the pacer's allocation log or None). `args`: plan.py's settings."""
+    pacer, filler, filling = build_method(method, args, reference)
+    pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
+    k = args.units_per_group * args.unit_size
+    rec = {"spend": [], "groups": [], "effective": [], "expected_effective": [], "alloc_ms": []}
+    lifts = []
+    while not pacer.finished and pool.t < 4 * args.rounds:
+        predicted = pacer.beta.mean.copy() if hasattr(pacer, "beta") else None
+        t0 = time.perf_counter()
+        units = pacer.propose()
+        kw = round_arguments(pacer, units, filling, k, history_decay=args.history_decay)
+        rnd = filler.start_round(**kw)
+        ms = time.perf_counter() - t0
+        p = pool.success_rate()
+        while not rnd.done:
+            t0 = time.perf_counter()
+            ids, counts = rnd.requests()
+            ms += time.perf_counter() - t0
+            rewards = pool.sample(ids, counts)
+            t0 = time.perf_counter()
+            rnd.observe(rewards)
+            ms += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        s, f, spent = rnd.outcomes(pacer.num_prompts)
+        pacer.update(s, f, spent)
+        ms += time.perf_counter() - t0
+        admitted = np.asarray(rnd.groups, np.int64)
+        if predicted is not None and pool.t >= args.rounds // 10:      # after the first visits
+            lifts.append(predicted_success_bins(predicted, np.flatnonzero(spent)))
+        sizes = spent[admitted] if admitted.size else np.zeros(0)
+        rec["expected_effective"].append(float(np.sum(1 - p[admitted] ** sizes - (1 - p[admitted]) ** sizes)))
+        rec["spend"].append(int(spent.sum()))
+        rec["groups"].append(len(rnd.groups))
+        rec["effective"].append(int(rnd.effective))
+        rec["alloc_ms"].append(1e3 * ms)
+        pool.step(rnd)
+    total_groups = sum(rec["groups"])
+    summary = {
+        "method": method, "rounds": pool.t, "responses_spent": int(sum(rec["spend"])),
+        "budget_left": int(pacer.remaining_responses), "groups": total_groups,
+        "effective_groups": int(sum(rec["effective"])),
+        "egr": sum(rec["effective"]) / max(total_groups, 1),
+        "responses_per_effective_group": sum(rec["spend"]) / max(sum(rec["effective"]), 1),
+        "max_abs_pacing_gap": float(np.max(np.abs(np.cumsum(rec["spend"]) - args.budget / args.rounds
+                                                  * np.arange(1, len(rec["spend"]) + 1)))),
+        "scheduler_ms_per_round": float(np.median(rec["alloc_ms"])),
+        "selection_lift_by_predicted_success": (np.nanmean(lifts, axis=0).round(2).tolist() if lifts else None),
+    }
+    return summary, rec, getattr(pacer, "allocation_log", None)
+
+
+__all__ = ["DriftingPool", "predicted_success_bins", "build_method", "simulate"]
