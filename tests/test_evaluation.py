@@ -1,7 +1,6 @@
 """Held-out evaluation (trl_alloc/evaluation/, scripts/eval.py): metric math by hand and by brute
 force, then one small end-to-end run of a randomly initialised tiny Qwen2 through transformers."""
 
-import importlib.util
 import itertools
 import json
 import math
@@ -175,10 +174,9 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def _load_eval_script():
-    spec = importlib.util.spec_from_file_location("eval_script", ROOT / "scripts" / "eval.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from trl_alloc.cli import eval as script
+
+    return script
 
 
 def test_evaluate_end_to_end_transformers(tiny_model_dir, tmp_path):

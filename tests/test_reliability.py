@@ -176,8 +176,7 @@ def test_resuming_a_finished_run_does_not_overwrite_its_report(finished_run, tmp
 
 
 def test_resume_true_takes_the_latest_checkpoint(finished_run, tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from train import resume_argument
+    from trl_alloc.cli.train import resume_argument
 
     assert resume_argument("True") is True and resume_argument("false") is False
     assert resume_argument("out/checkpoint-2") == "out/checkpoint-2"

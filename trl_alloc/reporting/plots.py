@@ -48,6 +48,18 @@ def write_allocation_report(output_dir, history, exposure, budget_responses, ext
     return summary
 
 
+def update_summary(output_dir, updates):
+    """Add `updates` (e.g. held-out accuracy) to `output_dir/allocation/summary.json`; returns the whole file."""
+    path = os.path.join(output_dir, "allocation", "summary.json")
+    with open(path, encoding="utf-8") as f:
+        full = json.load(f)
+    full.update(updates)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(full, f, indent=1, default=float)
+    os.replace(path + ".tmp", path)
+    return full
+
+
 def _plot(folder, history, exposure, budget_responses, calibration):
     import matplotlib
     matplotlib.use("Agg")

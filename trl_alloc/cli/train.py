@@ -1,0 +1,182 @@
+"""Train with trl-alloc: `accelerate launch scripts/train.py --config configs/tiny_cpu.yaml [--key value ...]`
+(or `trl-alloc-train --config ...`, the same).
+
+Arguments are TRL's: the script arguments below, `AllocGRPOConfig` (or `AllocDAPOConfig` with
+`--algorithm dapo`) and `ModelConfig` (LoRA through peft with `--use_peft`), from a YAML recipe
+and/or the command line. `--model_name_or_path tiny` builds (once, cached) the embedded tiny
+model for the built-in task; `smollm2-135m-instruct` (trl_alloc.tasks.models) converts the pip-installed
+SmolLM2 once; nothing is downloaded.
+"""
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+from trl import ModelConfig, TrlParser, get_peft_config
+
+
+@dataclass
+class ScriptArguments:
+    """What to train on and how to report it."""
+
+    algorithm: str = field(default="grpo", metadata={"help": "grpo (AllocGRPOConfig) or dapo (AllocDAPOConfig)."})
+    dataset_name: str = field(default="builtin:arithmetic", metadata={
+        "help": "Hub dataset name, a local .jsonl/.json/.parquet/.csv file, or builtin:arithmetic / builtin:countdown "
+        "(the tiny model's) / builtin:arithmetic-chat (word problems for instruct models)."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split used as the prompt pool."})
+    dataset_test_split: str | None = field(default="test", metadata={
+        "help": "Held-out split for accuracy before/after training (None to skip). A local file has no splits: "
+        "see --test_dataset_name and --test_fraction."})
+    test_dataset_name: str | None = field(default=None, metadata={
+        "help": "A separate held-out set: a local .jsonl/.json/.parquet/.csv file or a Hub dataset."})
+    test_fraction: float = field(default=0.1, metadata={
+        "help": "Without a test split or --test_dataset_name: hold out this seeded fraction of the training rows "
+        "(removed from the pool). 0 skips the evaluation."})
+    prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt."})
+    answer_column: str = field(default="answer", metadata={"help": "Column holding the reference answer."})
+    reward: str = field(default="auto", metadata={
+        "help": "auto (the built-in task's exact verifier, else math-verify), math, arithmetic or countdown."})
+    num_builtin_prompts: int = field(default=2000, metadata={"help": "Prompts in the built-in training pool."})
+    builtin_levels: list[int] | None = field(default=None, metadata={
+        "help": "Difficulty levels of the built-in task to use (e.g. 1 2 3); None = all."})
+    num_eval_prompts: int = field(default=200, metadata={"help": "Held-out prompts evaluated before/after."})
+    eval_samples: int = field(default=4, metadata={"help": "Samples per held-out prompt (0 skips the evaluation)."})
+
+
+def pick_config_class(argv):
+    """AllocDAPOConfig when `--algorithm dapo` is given on the command line or in the YAML recipe."""
+    from trl_alloc.trainer.config import AllocDAPOConfig, AllocGRPOConfig
+    algorithm = "grpo"
+    if "--config" in argv:
+        import yaml
+        with open(argv[argv.index("--config") + 1], encoding="utf-8") as f:
+            algorithm = (yaml.safe_load(f) or {}).get("algorithm", algorithm)
+    if "--algorithm" in argv:
+        algorithm = argv[argv.index("--algorithm") + 1]
+    if algorithm not in ("grpo", "dapo"):
+        raise ValueError(f"--algorithm must be grpo or dapo, got {algorithm!r}.")
+    return AllocDAPOConfig if algorithm == "dapo" else AllocGRPOConfig
+
+
+def held_out_accuracy(model, tokenizer, dataset, script_args, training_args, reward_fn, output_dir=None):
+    """avg@1 of `eval_samples` samples per held-out prompt, tokenized as the trainer does (chat template
+    for conversational prompts, the tokenizer's special tokens); samples go to `output_dir`."""
+    from trl_alloc.evaluation import TransformersBackend, answer_spec, evaluate, write_outputs
+    task = reward_fn.__name__.removesuffix("_reward")
+    result = evaluate(TransformersBackend(model, tokenizer), tokenizer, dataset, reward_fn,
+                      answer_spec(task if task in ("arithmetic", "countdown") else "math"), ks=(1,),
+                      num_samples=script_args.eval_samples, temperature=training_args.temperature,
+                      max_new_tokens=training_args.max_completion_length, seed=training_args.seed,
+                      top_p=training_args.top_p, top_k=training_args.top_k or 0, progress=False)
+    if output_dir:
+        write_outputs(result, output_dir)
+    return result.metrics[1]["avg"]
+
+
+def check_before_loading(training_args, num_prompts):
+    """The budget and round checks that need only the dataset size, before the model loads."""
+    from trl_alloc.allocation.factory import resolve_num_rounds
+    training_args.check_budget(resolve_num_rounds(training_args, num_prompts))
+
+
+def resume_argument(value):
+    """`--resume_from_checkpoint True` means the latest checkpoint in output_dir, as in TRL's scripts."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    config_class = pick_config_class(argv)
+    parser = TrlParser((ScriptArguments, config_class, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+
+    from accelerate import PartialState
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_alloc.reporting.plots import update_summary
+    from trl_alloc.tasks.data import load_train_and_test, reward_for_dataset
+    from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer
+
+    state = PartialState()
+    model_path = model_args.model_name_or_path
+    if model_path in (None, "tiny"):
+        if script_args.dataset_name not in ("builtin:arithmetic", "builtin:countdown"):
+            raise ValueError("--model_name_or_path tiny is the embedded model for builtin:arithmetic and "
+                             "builtin:countdown; give a real model (e.g. smollm2-135m-instruct) for dataset "
+                             + repr(script_args.dataset_name))
+        from trl_alloc.tasks.tiny import get_tiny_model_dir
+        with state.main_process_first():  # one rank builds, the others wait and read the cache
+            model_path = get_tiny_model_dir(task=script_args.dataset_name.split(":", 1)[1],
+                                            progress=state.is_main_process)
+    else:
+        from trl_alloc.tasks.models import resolve_model
+        with state.main_process_first():  # a registered name is converted once, by one rank
+            model_path = resolve_model(model_path, progress=state.is_main_process)
+    data_kw = dict(config=script_args.dataset_config, prompt_column=script_args.prompt_column,
+                   answer_column=script_args.answer_column, seed=training_args.seed,
+                   levels=tuple(script_args.builtin_levels) if script_args.builtin_levels else None)
+    evaluate_held_out = script_args.eval_samples > 0
+    splits = load_train_and_test(
+        script_args.dataset_name, script_args.dataset_train_split,
+        script_args.dataset_test_split if evaluate_held_out else None,
+        test_name=script_args.test_dataset_name if evaluate_held_out else None,
+        test_fraction=script_args.test_fraction, num_test=script_args.num_eval_prompts,
+        num_builtin=script_args.num_builtin_prompts, **data_kw)
+    train, test = splits.train, splits.test
+    if state.is_main_process:
+        print(f"[trl-alloc] prompt pool: {len(train)} rows of {script_args.dataset_name}; held-out: "
+              + (f"{len(test)} prompts, {splits.test_source}" if test is not None else splits.test_source))
+    check_before_loading(training_args, len(train))
+    reward_fn = reward_for_dataset(script_args.dataset_name, script_args.reward)
+
+    dtype = model_args.dtype if model_args.dtype in ("auto", None) else getattr(__import__("torch"), model_args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, revision=model_args.model_revision,
+                                                 attn_implementation=model_args.attn_implementation)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    before = None
+    if test is not None and state.is_main_process:
+        before = held_out_accuracy(model, tokenizer, test, script_args, training_args, reward_fn,
+                                   os.path.join(training_args.output_dir, "eval", "before"))
+        print(f"[trl-alloc] held-out accuracy before training: {before:.4f} "
+              f"({len(test)} prompts × {script_args.eval_samples} samples)")
+    trainer_class = AllocDAPOTrainer if config_class.__name__ == "AllocDAPOConfig" else AllocGRPOTrainer
+    trainer = trainer_class(model=model, reward_funcs=reward_fn, args=training_args, train_dataset=train,
+                            processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
+    trainer.save_model(training_args.output_dir)
+
+    if state.is_main_process:
+        summary = getattr(trainer, "allocation_summary", None) or trainer.write_allocation_report()
+        if test is not None:
+            after = held_out_accuracy(trainer.accelerator.unwrap_model(trainer.model), tokenizer, test,
+                                      script_args, training_args, reward_fn,
+                                      os.path.join(training_args.output_dir, "eval", "after"))
+            held_out = {"held_out_accuracy_before": before, "held_out_accuracy_after": after,
+                        "held_out_split": splits.test_source, "held_out_prompts": len(test),
+                        "held_out_samples": script_args.eval_samples}
+            summary.update(held_out)
+            update_summary(training_args.output_dir, held_out)
+            print(f"[trl-alloc] held-out accuracy after training:  {after:.4f} (before {before:.4f}, "
+                  f"{after - before:+.4f})")
+        keys = ["rounds", "responses_spent", "responses_remaining", "tokens_spent", "groups", "effective_groups",
+                "effective_group_rate", "responses_per_effective_group", "allocator_time_share"]
+        print("[trl-alloc] allocation summary: " + json.dumps({k: summary.get(k) for k in keys}, default=float))
+    if training_args.push_to_hub:  # the card now carries the held-out figures too
+        builtin = script_args.dataset_name.startswith("builtin:")
+        trainer.push_to_hub(dataset_name=None if builtin else script_args.dataset_name)
+    if not any(h["effective_groups"] > 0 for h in trainer.engine.history):
+        if state.is_main_process:
+            print("[trl-alloc] nothing was trained: no round had a mixed group (see the warning above and "
+                  f"{os.path.join(training_args.output_dir, 'allocation', 'summary.json')}).")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
