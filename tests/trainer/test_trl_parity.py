@@ -5,17 +5,16 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from test_trainer import build, make_args, scripted_generation, tiny_setup
+from helpers import build, make_args, scripted_generation, tiny_setup
 from trl_alloc.allocation.factory import resolve_num_rounds
 from trl_alloc.trainer import AllocGRPOTrainer
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT  # noqa: E402
 
 
 def test_max_steps_below_num_rounds_stops_early_and_says_so(tmp_path, capsys):
@@ -130,6 +129,7 @@ def test_chat_prompts_are_evaluated_with_the_trainers_token_ids(tmp_path):
     assert ids[0][0] == tok.bos_token_id  # the tokenizer's own special tokens
 
 
+@pytest.mark.slow
 def test_train_script_on_a_chat_jsonl_with_a_disjoint_held_out_split(tmp_path):
     chat_model_dir(tmp_path / "model")
     rows = [{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "answer": str(a + b)}

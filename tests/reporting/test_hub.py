@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from test_trainer import make_args, tiny_setup
+from helpers import make_args, tiny_setup
 from trl_alloc.trainer import AllocGRPOTrainer
 
 TOKEN = "hf_SECRETSECRETSECRET123"
@@ -107,7 +107,7 @@ def test_push_carries_policy_allocator_state_args_plots_and_card(tmp_path, hub, 
 
 
 def test_card_says_which_held_out_split_was_used(tmp_path):
-    from test_trainer import make_args
+    from helpers import make_args
 
     from trl_alloc.reporting.hub import render_model_card
 

@@ -11,7 +11,7 @@ import pytest
 
 from trl_alloc.tasks import models
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT  # noqa: E402
 NAME = "smollm2-135m-instruct"
 
 
@@ -49,6 +49,7 @@ def test_missing_package_names_the_install_command(monkeypatch):
     assert models.resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
+@pytest.mark.slow
 def test_two_round_cero_sara_run_on_the_chat_task(smollm2_dir, cache, tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TRL_ALLOC_CACHE": str(cache)}

@@ -15,7 +15,6 @@ from trl_alloc import evaluation as ev  # noqa: E402
 from trl_alloc.evaluation import (  # noqa: E402
     answer_spec, compute_metrics, group_answers, maj_at_k, pass_at_k, vote)
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------- pass@k
@@ -159,34 +158,20 @@ def test_score_fn_gets_token_ids_only_when_it_accepts_them():
 # ---------------------------------------------------------------- end to end (tiny random Qwen2)
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """A randomly initialised 1-layer Qwen2 with trl_alloc.tasks.tiny's character tokenizer, saved to disk."""
-    from trl_alloc.tasks.tiny import build_tiny_model, build_tokenizer
-
-    tok = build_tokenizer()
-    model = build_tiny_model(tok, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                             intermediate_size=64, max_position_embeddings=64, seed=0)
-    out = tmp_path_factory.mktemp("tiny_random")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
-
-
 def _load_eval_script():
     from trl_alloc.cli import eval as script
 
     return script
 
 
-def test_evaluate_end_to_end_transformers(tiny_model_dir, tmp_path):
+def test_evaluate_end_to_end_transformers(tiny_random_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_alloc.tasks.rewards import arithmetic_reward
     from trl_alloc.tasks.builtin import build_dataset
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_random_dir)
     data = build_dataset("arithmetic", n=5, seed=0, split="test")
     backend = ev.TransformersBackend(model, tok, batch_size=8)
     res = ev.evaluate(backend, tok, data, arithmetic_reward, answer_spec("arithmetic"), ks=[1, 2, 4],
@@ -220,10 +205,10 @@ def test_evaluate_end_to_end_transformers(tiny_model_dir, tmp_path):
     assert len(Path(paths["samples"]).read_text().splitlines()) == 5
 
 
-def test_eval_script_writes_table_and_json(tiny_model_dir, tmp_path, capsys):
+def test_eval_script_writes_table_and_json(tiny_random_dir, tmp_path, capsys):
     script = _load_eval_script()
     out = tmp_path / "eval"
-    res = script.main(["--model", tiny_model_dir, "--dataset", "builtin:arithmetic", "--split", "test",
+    res = script.main(["--model", tiny_random_dir, "--dataset", "builtin:arithmetic", "--split", "test",
                        "--num_prompts", "4", "--k", "1", "2", "--max_new_tokens", "3", "--output_dir", str(out),
                        "--no_progress"])
     printed = capsys.readouterr().out
@@ -234,9 +219,9 @@ def test_eval_script_writes_table_and_json(tiny_model_dir, tmp_path, capsys):
     assert res.metrics[2]["pass"] >= res.metrics[1]["pass"]
 
 
-def test_eval_script_head_column(tiny_model_dir, tmp_path, capsys):
+def test_eval_script_head_column(tiny_random_dir, tmp_path, capsys):
     script = _load_eval_script()
-    args = ["--model", tiny_model_dir, "--dataset", "builtin:arithmetic", "--num_prompts", "3", "--k", "2",
+    args = ["--model", tiny_random_dir, "--dataset", "builtin:arithmetic", "--num_prompts", "3", "--k", "2",
             "--max_new_tokens", "3", "--no_progress"]
     head_dir = tmp_path / "head"
     from trl_alloc.rollout.quality_head import QualityHead

@@ -5,9 +5,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: helpers
 
-from test_trainer import make_args, tiny_setup  # noqa: E402
+from helpers import make_args, tiny_setup  # noqa: E402
 
 from transformers import TrainerCallback  # noqa: E402
 

@@ -5,17 +5,16 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from test_trainer import build, make_args, tiny_setup
+from helpers import build, make_args, tiny_setup
 from trl_alloc.trainer.checkpointing import read_allocation_state
 from trl_alloc.trainer import AllocGRPOTrainer
 from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT  # noqa: E402
 
 
 def params(trainer):

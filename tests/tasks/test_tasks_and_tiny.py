@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 from trl_alloc.tasks.rewards import arithmetic_reward, countdown_reward, math_reward  # noqa: E402
 from trl_alloc.tasks.builtin import build_dataset, check_countdown, generate_problems  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT  # noqa: E402
 
 
 # ---------------------------------------------------------------- tasks
@@ -184,20 +184,6 @@ def test_warm_up_estimates():
 
 
 # ---------------------------------------------------------------- tiny model
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    """The default embedded model, built offline in a temporary cache."""
-    import time
-
-    from trl_alloc.tasks.tiny import get_tiny_model_dir
-
-    cache = tmp_path_factory.mktemp("trl_alloc_cache")
-    t = time.time()
-    path = get_tiny_model_dir(cache_dir=cache, task="arithmetic")
-    print(f"\ntiny model built in {time.time() - t:.1f} s: {path}")
-    return path
-
-
 def test_tiny_model_reloads_offline(tiny_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -272,6 +258,7 @@ def estimate_share(samples_jsonl):
     return sum(c.lstrip().startswith("~") for c in comps) / len(comps)
 
 
+@pytest.mark.slow
 def test_readme_main_command_improves_held_out_accuracy(tiny_dir, tmp_path):
     """The README's main command (CERO + SARA on the tiny model, the shipped recipe) teaches the model
     to answer exactly instead of with a rough estimate, on held-out prompts too.
@@ -297,6 +284,7 @@ def test_readme_main_command_improves_held_out_accuracy(tiny_dir, tmp_path):
     assert (out / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_bench_quick_writes_table_json_and_plots(tiny_dir, tmp_path):
     """scripts/bench.py at a few rounds: every method spends the same budget, random-matched
     replays CERO's per-round sizes, and the table, JSON and plots are written."""

@@ -1,0 +1,36 @@
+"""Shared fixtures. tests/ is put on sys.path so that every test folder imports `helpers` (the builders)."""
+
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """The default embedded model (trl_alloc.tasks.tiny), built offline once per session in a temporary cache."""
+    from trl_alloc.tasks.tiny import get_tiny_model_dir
+
+    cache = tmp_path_factory.mktemp("trl_alloc_cache")
+    t = time.time()
+    path = get_tiny_model_dir(cache_dir=cache, task="arithmetic")
+    print(f"\ntiny model built in {time.time() - t:.1f} s: {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_random_dir(tmp_path_factory):
+    """An untrained 1-layer Qwen2 with trl_alloc.tasks.tiny's character tokenizer, saved to disk."""
+    from trl_alloc.tasks.tiny import build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                             intermediate_size=64, max_position_embeddings=64, seed=0)
+    out = tmp_path_factory.mktemp("tiny_random")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)

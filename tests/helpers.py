@@ -1,0 +1,115 @@
+"""Builders the tests share: one tiny character-level Qwen2 policy (`char_qwen2`), the trainer tests'
+setup on it, and the repository root. Imported as `helpers` (tests/conftest.py puts tests/ on sys.path)."""
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = "0123456789+="
+
+
+def char_qwen2(chars, specials=("<pad>", "<eos>"), unk="<pad>", bos=None, hidden_size=64, num_attention_heads=2,
+               max_position_embeddings=64, initializer_range=0.02, seed=0, padding_side="left",
+               model_max_length=None):
+    """(model, tokenizer): a character tokenizer over `specials` + `chars` and a random 2-layer Qwen2 (hidden
+    `hidden_size`, one KV head, tied embeddings); pad is the first special, eos the one named <eos>."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    vocab = {t: i for i, t in enumerate(specials)}
+    for ch in chars:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    names = {"pad_token": specials[0], "eos_token": "<eos>"}
+    if padding_side:
+        names["padding_side"] = padding_side
+    if bos:
+        names["bos_token"] = bos
+    if unk != specials[0]:
+        names["unk_token"] = unk
+    if model_max_length:
+        names["model_max_length"] = model_max_length
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, **names)
+    cfg = Qwen2Config(vocab_size=len(vocab), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                      num_hidden_layers=2, num_attention_heads=num_attention_heads, num_key_value_heads=1,
+                      max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
+                      initializer_range=initializer_range, pad_token_id=0, eos_token_id=vocab["<eos>"],
+                      bos_token_id=vocab[bos] if bos else vocab["<eos>"])
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg), tokenizer
+
+
+def tiny_setup(seed=0, n_prompts=16):
+    """The trainer tests' policy (`char_qwen2` over digits), `n_prompts` "a+b=" prompts and a reward function."""
+    from datasets import Dataset
+
+    model, tokenizer = char_qwen2(DIGITS, seed=seed)
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)][:n_prompts]
+    dataset = Dataset.from_list(rows)
+
+    def first_digit_reward(completions, answer, **kwargs):
+        """1 when the completion starts with the answer's first digit (mixed groups for a random model)."""
+        return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
+
+    return model, tokenizer, dataset, first_digit_reward
+
+
+def make_args(output_dir, **overrides):
+    from trl_alloc.trainer.config import AllocGRPOConfig
+
+    kw = dict(output_dir=output_dir, per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
+              learning_rate=1e-3, logging_steps=1, report_to=[], bf16=False, use_cpu=True,
+              gradient_checkpointing=False, save_strategy="no", seed=0, temperature=1.0)
+    kw.update(overrides)
+    return AllocGRPOConfig(**kw)
+
+
+# Completions by occurrence of a prompt within one generation call (token ids: digits are 2..11, eos 1).
+SCRIPTED = [[3, 1], [4, 1], [3, 4, 5], [5, 1]]  # "1", "2", "123" (truncated), "3"
+
+
+def scripted_generation(trainer):
+    """Replace sampling by a fixed completion per (prompt, occurrence), so two trainers see the same data."""
+
+    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        seen, out = {}, []
+        for p in prompt_ids:
+            j = seen.get(tuple(p), 0)
+            seen[tuple(p)] = j + 1
+            out.append(list(SCRIPTED[j % len(SCRIPTED)]))
+        return out, None
+
+    trainer._generate_single_turn = generate
+    return trainer
+
+
+def build(tmp_path, pacing="uniform", filling="full", trainer_cls=None, n_prompts=16, seed=0, **kw):
+    """An AllocGRPOTrainer (or `trainer_cls`) on `tiny_setup`."""
+    from trl_alloc.trainer import AllocGRPOTrainer
+
+    model, tok, ds, reward = tiny_setup(seed=seed, n_prompts=n_prompts)
+    args = make_args(str(tmp_path), pacing=pacing, filling=filling, **kw)
+    return (trainer_cls or AllocGRPOTrainer)(model=model, reward_funcs=reward, args=args, train_dataset=ds,
+                                             processing_class=tok)
+
+
+def build_served_model(out_dir):
+    """The vLLM tests' model, saved to `out_dir`: `char_qwen2` over digits, letters and punctuation with
+    <bos>/<unk>, one attention head and initializer_range 0.2 (peaked logits, so greedy decoding has no
+    near-ties between backends)."""
+    import string
+
+    model, tokenizer = char_qwen2(string.digits + string.ascii_lowercase + "+-*/()=:<>.,?! \n",
+                                  specials=("<pad>", "<bos>", "<eos>", "<unk>"), unk="<unk>", bos="<bos>",
+                                  num_attention_heads=1, max_position_embeddings=128, initializer_range=0.2,
+                                  padding_side=None, model_max_length=128)
+    model = model.eval()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return model
