@@ -244,14 +244,20 @@ class AllocGRPOTrainer(RequestGenerationMixin, LossBatchMixin, RoundMetricsMixin
             raise RuntimeError(f"the allocator failed on the main process: {value}")
         return value
 
+    @contextlib.contextmanager
+    def _allocator_clock(self):
+        """Adds the time inside the block to the round's allocator seconds (`alloc/time_s`)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._allocator_s += time.perf_counter() - t0
+
     def _allocator(self, method, *args):
-        """One engine call: on the main process only, timed, its result (or error) shared with every rank."""
+        """One engine call: on the main process only, timed there, its result (or error) shared with every rank."""
         def timed():
-            t0 = time.perf_counter()
-            try:
+            with self._allocator_clock():
                 return method(*args)
-            finally:
-                self._allocator_s += time.perf_counter() - t0
         return self._main_call(timed)
 
     def _run_round(self):
