@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ import numpy as np
 
 from ..allocation.arrol import rank_weights
 from ..allocation.base import SUCCESS_THRESHOLD, is_success
+from ..allocation.engine import json_default
 from ..tasks.rewards import completion_text
 from .backends import Samples, generate_samples, tokenize_prompts
 from .metrics import AnswerSpec, compute_metrics, group_answers, vote
@@ -205,20 +205,11 @@ def write_outputs(result: EvalResult, output_dir: str, table: str | None = None)
              "table": os.path.join(output_dir, "eval_table.md"),
              "samples": os.path.join(output_dir, "samples.jsonl")}
     with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump({**result.to_json(), "table": table}, f, indent=1, default=_json_default)
+        json.dump({**result.to_json(), "table": table}, f, indent=1, default=json_default)
     with open(paths["table"], "w", encoding="utf-8") as f:
         f.write(table + "\n")
     with open(paths["samples"], "w", encoding="utf-8") as f:
         for rec in result.per_prompt:
-            f.write(json.dumps(rec, default=_json_default) + "\n")
+            f.write(json.dumps(rec, default=json_default) + "\n")
     return paths
 
-
-def _json_default(obj):
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return None if math.isnan(obj) else float(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
