@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from trl_alloc.reporting.benchmarking import cpu_run_kwargs, quiet, step_timer
+from trl_alloc.benchmarks.measure import cpu_run_kwargs, quiet, step_timer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from trl_alloc.reporting.benchmarking import cpu_run_kwargs, count_generated, parse_choices, check_batch, quiet, step_timer
+from trl_alloc.benchmarks.measure import cpu_run_kwargs, count_generated, parse_choices, check_batch, quiet, step_timer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -18,7 +18,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from helpers import ROOT, SCRIPTED, build, make_args, scripted_generation, tiny_setup  # noqa: E402, F401
 
-from trl_alloc.reporting.benchmarking import count_generated  # noqa: E402
+from trl_alloc.benchmarks.measure import count_generated  # noqa: E402
 from trl_alloc.trainer.config import AllocDAPOConfig  # noqa: E402
 from trl_alloc.allocation.engine import json_default as _json_default  # noqa: E402
 from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer  # noqa: E402

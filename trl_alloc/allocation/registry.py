@@ -51,4 +51,4 @@ def _loaded(stage):
 
 def _load():
     """Import the modules that register the methods (numpy only)."""
-    from . import arrol, baselines, cero, sara  # noqa: F401
+    from . import arrol, baselines, cero, sara  # noqa: F401 (importing registers their classes)

@@ -52,9 +52,9 @@ import tempfile
 import time
 
 from ..allocation.engine import json_default
-from ..reporting.bench_report import load_earlier_run, markdown_table, plots
-from ..reporting.benchmarking import check_batch, parse_choices, quiet
-from ..reporting.method_bench import METHODS, evaluate_model, run_figures, run_method, summarise
+from ..benchmarks.report import load_earlier_run, markdown_table, plots
+from ..benchmarks.measure import check_batch, parse_choices, quiet
+from ..benchmarks.methods import METHODS, evaluate_model, run_figures, run_method, summarise
 from ..tasks.builtin import TASKS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

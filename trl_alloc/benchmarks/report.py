@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from .method_bench import METHODS, PRUNING_METHODS
+from .methods import METHODS, PRUNING_METHODS
 
 def _fmt(v, spec, scale=1.0, sign=False):
     if v is None:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trl_alloc.reporting.benchmarking import RoundRecorder, selection_figures
+from trl_alloc.benchmarks.measure import RoundRecorder, selection_figures
 
 
 def _simulate(pick, p, rounds=30, k=8, seed=0):

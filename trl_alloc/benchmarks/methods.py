@@ -10,7 +10,7 @@ import time
 
 from ..allocation.engine import json_default
 from ..allocation.registry import method_names
-from .benchmarking import RoundRecorder, cpu_run_kwargs, selection_figures
+from .measure import RoundRecorder, cpu_run_kwargs, selection_figures
 
 # name -> (label, AllocGRPOConfig stage fields or None for stock TRL); every stage value is a registered name
 METHODS = {
