@@ -3,19 +3,19 @@
 Only the sampling step changes. One scheduler round collects one generation batch (and takes
 `steps_per_round` optimizer steps on it, one by default):
 
-    units = pacer.propose(); rnd = filler.start_round(...)
-    while not rnd.done: generate rnd.requests() with TRL's generation path, score with TRL's reward
-                        functions, rnd.observe(rewards)
-    pacer.update(*rnd.outcomes(num_prompts))
+    engine.start_round()                          # allocation.engine.AllocationEngine
+    while (request := engine.next_request()):     # generate with TRL's generation path, score with
+        engine.observe(rows, request)             # TRL's reward functions (generation.py)
+    engine.finish_round(); engine.record_round(...)
 
 and only the round's committed groups reach TRL's loss, with advantages normalised inside each group
 by its own size. The allocators see each response's success (`success_reward_funcs` >=
 `success_threshold`, NaN when no reward function could score it). The loss, optimizer, logging and
 saving are TRL's.
 
-Distributed contract: the allocator is driven on the main process only; every request and the
-round's summary are broadcast, so all ranks act on identical decisions (the pacer/filler objects on
-other ranks are built but never advanced). Each rank generates a contiguous share of a request's
+Distributed contract: the engine is driven on the main process only; every request and the
+round's summary are broadcast, so all ranks act on identical decisions (the engines of other ranks
+are built but only `record_round` advances them, from the broadcast summary). Each rank generates a contiguous share of a request's
 rows and scores it; completions and rewards are gathered so every rank holds the whole round, then
 the loss rows are split evenly over ranks. Ranks whose share is empty skip generation, except where
 generation is collective (ZeRO-3, FSDP, vLLM): there they generate throwaway padding rows that are
