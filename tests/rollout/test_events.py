@@ -1,0 +1,65 @@
+"""The event-driven rollout interface (rollout/events.py): every submitted rollout comes back exactly once,
+finished or aborted with the tokens it had; the batched backend is exactly one batched generate call; the
+vLLM server backend delivers rollouts as they finish and aborts running ones."""
+
+import importlib.util
+
+import pytest
+from helpers import build_served_model
+
+from trl_alloc.rollout.events import BatchedRollouts, VLLMServerRollouts
+
+
+def test_batched_rollouts_are_one_generate_call_over_everything_pending(tiny_random_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_alloc.evaluation import TransformersBackend, tokenize_prompts
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_random_dir)
+    backend = TransformersBackend(model, tok, batch_size=16)
+    prompts = tokenize_prompts(tok, ["1+2=", "13+4="])
+    engine = BatchedRollouts.from_backend(backend, temperature=1.0, seed=5)
+    first = engine.submit(prompts[0], n=2, max_tokens=3, tag="a")
+    second = engine.submit(prompts[1], n=1, max_tokens=6, tag="b")
+    dropped = engine.submit(prompts[1], n=1, max_tokens=6, tag="c")
+    assert engine.in_flight == 4
+    aborted = engine.abort(dropped)
+    assert [(r.tag, r.finish_reason, r.token_ids) for r in aborted] == [("c", "abort", [])]
+    done = engine.next_completed()
+    assert engine.in_flight == 0 and engine.calls == 1 and engine.next_completed() == []
+    assert sorted(r.rid for r in done) == sorted(first + second)
+    # exactly the batched call: the same prompts, the largest cap, the call's seed; each cut to its own cap
+    ids, _ = backend.generate([prompts[0], prompts[0], prompts[1]], 1, 6, 1.0, seed=5)
+    by_rid = {r.rid: r for r in done}
+    for rid, expected, cap in zip(first + second, ids, (3, 3, 6)):
+        assert by_rid[rid].token_ids == expected[0][:cap] and len(by_rid[rid].token_ids) <= cap
+    assert all(r.finish_reason in ("stop", "length") for r in done)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(tmp_path):
+    from trl_alloc.serving import start_server
+
+    build_served_model(str(tmp_path / "model"))
+    with start_server(str(tmp_path / "model"), timeout=600, env={"HF_HUB_OFFLINE": "1"}) as server:
+        engine = VLLMServerRollouts(server.url, temperature=1.0, seed=0, extra={"ignore_eos": True})
+        try:
+            long = engine.submit([5, 6, 7], n=1, max_tokens=100, tag="long")
+            short = engine.submit([8, 9], n=3, max_tokens=4, tag="short")
+            first = engine.next_completed(timeout=120)
+            assert first and all(r.tag == "short" for r in first)  # 4 tokens finish before 100
+            seen = list(first)
+            while engine.in_flight:
+                seen += engine.next_completed(timeout=120)
+            assert sorted(r.rid for r in seen) == sorted(long + short)  # each exactly once
+            assert all(len(r.token_ids) == r.max_tokens and r.finish_reason == "length" for r in seen)
+            assert all(len(r.logprobs) == len(r.token_ids) for r in seen)
+            # abort: the rollout comes back with the tokens it had, and no later
+            running = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="cut")
+            cut = engine.abort(running)
+            assert [r.rid for r in cut] == running and cut[0].finish_reason == "abort"
+            assert len(cut[0].token_ids) < 120 and engine.in_flight == 0 and engine.next_completed(timeout=1) == []
+        finally:
+            engine.close()
