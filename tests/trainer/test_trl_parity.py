@@ -153,3 +153,24 @@ def test_train_script_on_a_chat_jsonl_with_a_disjoint_held_out_split(tmp_path):
     assert len(held_out) == 10
     trained_on = {json.dumps(r["prompt"]) for r in rows} - {json.dumps(p) for p in held_out}
     assert len(trained_on) == 30
+
+
+def test_a_trl_without_the_private_steps_gets_a_clear_error(monkeypatch, tmp_path):
+    """trl_compat checks TRL's private surface once: a missing method or buffer is named, with the install fix."""
+    from trl import GRPOTrainer
+
+    from trl_alloc.trainer import trl_compat
+
+    monkeypatch.delattr(GRPOTrainer, "_calculate_rewards")
+    with pytest.raises(trl_compat.TRLCompatibilityError, match=r"has no _calculate_rewards.*pip install 'trl>=1.16,<1.17'"):
+        build(tmp_path)
+    monkeypatch.undo()
+    monkeypatch.setattr(trl_compat.trl, "__version__", "1.99.0")
+    with pytest.warns(UserWarning, match="tested with trl 1.16.x; you have 1.99.0"):
+        trl_compat.check_trl()
+
+    class Bare:
+        pass
+
+    with pytest.raises(trl_compat.TRLCompatibilityError, match="does not set _metrics, _pending_metrics"):
+        trl_compat.check_trainer(Bare())
