@@ -105,6 +105,9 @@ class VLLMServerRollouts:
 
         self.url = base_url.rstrip("/") + "/v1/completions"
         self.session = requests.Session()
+        pool = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=int(max_inflight))
+        self.session.mount("http://", pool)  # one kept-alive connection per rollout in flight
+        self.session.mount("https://", pool)
         if model is None:
             model = self.session.get(base_url.rstrip("/") + "/v1/models", timeout=30).json()["data"][0]["id"]
         self.body = {"model": model, "temperature": float(temperature), "top_p": float(top_p),
