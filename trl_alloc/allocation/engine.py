@@ -137,10 +137,10 @@ class AllocationEngine:
     def record_round(self, summary, rows, admitted, requests, loss_responses, allocator_s, round_s):
         """Counters, exposure and the round's history entry, from the broadcast summary; returns the entry."""
         stats = summary["stats"]
-        c = self.counters
+        c, tokens = self.counters, sum(len(r["completion_ids"]) for r in rows)
         c["rounds"] += 1
         c["responses"] += len(rows)
-        c["tokens"] += sum(len(r["completion_ids"]) for r in rows)
+        c["tokens"] += tokens
         c["unscored"] += int(stats.get("unscored", 0))
         c["empty_rounds"] += int(loss_responses == 0)
         if stats["effective_groups"] > 0:
@@ -151,7 +151,7 @@ class AllocationEngine:
         self.budget_exhausted = summary["finished"]
         np.add.at(self.exposure, [r["pid"] for r in rows], 1)
         self.round_log.append({"round": c["rounds"] - 1, "requests": requests, "groups": summary["groups"]})
-        entry = {"round": c["rounds"], "responses": len(rows), "tokens": sum(len(r["completion_ids"]) for r in rows),
+        entry = {"round": c["rounds"], "responses": len(rows), "tokens": tokens,
                  "admitted": admitted, "groups": len({r["pid"] for r in rows}), "committed": stats["groups"],
                  "effective_groups": stats["effective_groups"], "abandoned": stats["abandoned"],
                  "pruned": stats.get("pruned", 0), "unscored": int(stats.get("unscored", 0)),

@@ -31,9 +31,10 @@ METHODS = {
 }
 PRUNING_METHODS = ("cero_sara_arrol", "cero_sara_random")
 
-for _label, _stages in METHODS.values():  # the recipes name registered methods only
-    for _stage, _name in (_stages or {}).items():
-        assert _stage not in ("pacing", "filling", "pruning") or _name in method_names(_stage), (_stage, _name)
+_unregistered = [f"{m}: {stage}={name!r}" for m, (_, stages) in METHODS.items() for stage, name in (stages or {}).items()
+                 if stage in ("pacing", "filling", "pruning") and name not in method_names(stage)]
+if _unregistered:  # the recipes name registered methods only
+    raise ValueError(f"bench recipes name unregistered methods: {', '.join(_unregistered)}")
 
 
 def _counting_reward(reward, k, log):

@@ -58,12 +58,12 @@ class RolloutPruner:
 
     def __init__(self, args, hidden_size=None, base_model=None, seed=0):
         self.mode = args.pruning
-        if self.mode not in ("arrol", "random"):
-            raise ValueError(f"RolloutPruner handles pruning='arrol' or 'random', got {self.mode!r}.")
+        policy = method_class("pruning", self.mode)  # the decision itself is numpy (allocation.arrol)
+        if policy is None:
+            raise ValueError(f"pruning={self.mode!r} prunes nothing: build no RolloutPruner for it.")
         self.detect_length = int(args.detect_length)
         self.max_completion_length = int(args.max_completion_length)
-        # the decision itself is numpy (allocation.arrol, by its registered name)
-        self.policy = method_class("pruning", self.mode)(
+        self.policy = policy(
             keep_ratio=args.keep_ratio, target_ratio=args.target_ratio, slope=args.survival_slope,
             p_min=args.survival_min, p_max=args.survival_max, cold_start_rounds=args.cold_start_steps,
             calibration_bins=args.calibration_bins, calibration_buffer=args.calibration_buffer,
@@ -239,7 +239,7 @@ class RolloutPruner:
 def build_pruner(trainer):
     """The trainer's pruning stage, or None for pruning='none'."""
     args = trainer.args
-    if args.pruning == "none":
+    if method_class("pruning", args.pruning) is None:
         return None
     config = trainer.model.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -306,7 +306,7 @@ def generate_with_pruning(trainer, generate, prompt_ids, n_real, flat_pids, offs
     eligible = [i for i in range(n_real) if len(first[i]) >= L and first[i][-1] not in eos]
     t1 = time.perf_counter()
     feats = None
-    if pruner.mode == "arrol":
+    if pruner.policy.uses_head:
         seqs = [list(prompt_ids[i]) + first[i] for i in eligible]
         bs = max(1, int(trainer.args.per_device_train_batch_size))
         n_batches = -(-len(seqs) // bs)
