@@ -57,6 +57,8 @@ def main():
         record["allocation_state"] = trainer.allocation_state()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f, default=_json_default)
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()  # destroy the process group before exit (else gloo may abort at teardown)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,8 @@ def main(argv=None):
     if training_args.push_to_hub:  # the card now carries the held-out figures too
         builtin = script_args.dataset_name.startswith("builtin:")
         trainer.push_to_hub(dataset_name=None if builtin else script_args.dataset_name)
+    trainer.accelerator.wait_for_everyone()  # the main process may still be evaluating
+    trainer.accelerator.end_training()  # trackers closed, process group destroyed: a clean exit on every rank
     if not any(h["effective_groups"] > 0 for h in trainer.engine.history):
         if state.is_main_process:
             print("[trl-alloc] nothing was trained: no round had a mixed group (see the warning above and "
