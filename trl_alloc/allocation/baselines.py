@@ -4,6 +4,7 @@ import numpy as np
 
 from ._checks import check_counts, check_int
 from .base import Pacer, Round
+from .event_rounds import BatchedEventRound, EventRound
 from .registry import register
 
 
@@ -211,6 +212,10 @@ class FullFiller:
     def start_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None):
         return FullRound(stream, budget, self.group_size, target_groups, counts)
 
+    def start_event_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None):
+        """The same round as events: one submission of every group."""
+        return BatchedEventRound(self.start_round(stream, budget, target_groups, counts))
+
     def state_dict(self):
         return {}
 
@@ -259,6 +264,11 @@ class DynamicSamplingFiller:
         return DynamicSamplingRound(stream, budget, self.group_size, target_groups,
                                     self.max_generation_batches, self.batch_prompts or target_groups)
 
+    def start_event_round(self, stream, budget, target_groups, counts=None, prior_a=None, prior_b=None):
+        """The same round as events (`DynamicSamplingEventRound`); the cap is the same number of prompts."""
+        return DynamicSamplingEventRound(stream, budget, self.group_size, check_int("target_groups", target_groups, 0),
+                                         self.max_generation_batches * (self.batch_prompts or target_groups))
+
     def state_dict(self):
         return {}
 
@@ -304,3 +314,46 @@ class DynamicSamplingRound(Round):
                 f"dynamic sampling kept {len(self.groups)} of {self.target} groups after "
                 f"{self.max_batches} generation batches (`max_generation_batches`); raise the cap or "
                 "use `filling='sara'`, which abandons saturated prompts early.")
+
+
+class DynamicSamplingEventRound(EventRound):
+    """DAPO dynamic sampling as events: whole groups of k, started prompt after prompt while the window has
+    room for one; a group is kept when its k-th rollout ends with varied outcomes. Starting more than
+    `max_prompts` prompts without reaching the target is DAPO's cap (an error, as in the batched round)."""
+
+    def __init__(self, stream, budget, group_size, target, max_prompts):
+        super().__init__(budget)
+        self.stream, self.k, self.target = np.asarray(stream, np.int64), group_size, target
+        self.max_prompts, self.next = max_prompts, 0
+        self.results, self.rejected = {}, []
+
+    def _next(self, room):
+        out = []
+        while (room >= self.k and self.next < min(self.stream.size, self.max_prompts)
+               and self.spent + (len(out) + 1) * self.k <= self.budget and len(self.groups) < self.target):
+            pid = int(self.stream[self.next])
+            self.next += 1
+            self.results[pid] = []
+            out.append((pid, self.k))
+            room -= self.k
+        if not out and not self.in_flight and len(self.groups) < self.target and self.next >= self.max_prompts \
+                and self.next < self.stream.size and self.spent + self.k <= self.budget:
+            raise RuntimeError(
+                f"dynamic sampling kept {len(self.groups)} of {self.target} groups after {self.max_prompts} "
+                "prompts (`max_generation_batches` batches); raise the cap or use `filling='sara'`, which abandons "
+                "saturated prompts early.")
+        return out
+
+    def _on_rollout(self, pid, observed):
+        got = self.results[pid]
+        got.append(observed)
+        if len(got) < self.k:
+            return
+        seen = [x for x in got if x is not None]
+        if len(seen) > 1 and 0 < sum(seen) < len(seen):
+            self.groups.append(pid)
+            self.effective += 1
+            if len(self.groups) >= self.target:
+                self._close()
+        else:
+            self.rejected.append(pid)

@@ -8,6 +8,8 @@ main process only, and its result is shared with every rank):
     while (req := engine.next_request()):        # (prompt ids, responses per prompt)
         rows = generate and score req            # the trainer's part
         engine.observe(rows, req)                # filler decides; pruner learns
+    # or, event-driven (start_round(events=True); rollout.streaming.RoundDriver runs this part):
+    #   engine.submissions(room) -> [(pid, n)] to start; engine.observe_rollouts(rows) -> prompts to abort
     summary = engine.finish_round()              # pacer.update(successes, failures)
     engine.record_round(summary, rows, ...)      # every rank: counters, history, exposure
 
@@ -98,10 +100,12 @@ class AllocationEngine:
         return self._plan
 
     # ------------------------------------------------------------------ one round (main process)
-    def start_round(self):
-        """The pacer's proposal opens the filler's round; returns the number of prompts admitted."""
+    def start_round(self, events=False):
+        """The pacer's proposal opens the filler's round (fed one rollout at a time with `events`, see
+        `event_rounds`); returns the number of prompts admitted."""
         units = self.pacer.propose()
-        self._round = self.filler.start_round(**self.join(self.pacer, units))
+        start = self.filler.start_event_round if events else self.filler.start_round
+        self._round = start(**self.join(self.pacer, units))
         return int((units > 0).sum())
 
     def next_request(self):
@@ -121,6 +125,23 @@ class AllocationEngine:
         if self.pruner is not None:
             self.pruner.record(rows)
 
+    # ------------------------------------------------------------------ one event-driven round (main process)
+    @property
+    def round_done(self):
+        return self._round.done
+
+    def submissions(self, room):
+        """Event mode: the rollouts to start now, as [(prompt id, n)], at most `room` in all."""
+        return self._round.submissions(room)
+
+    def observe_rollouts(self, rows):
+        """Event mode: rows of ended rollouts (any order; `aborted` rows carry no reward). Returns the prompt
+        ids whose in-flight rollouts are no longer wanted (every prompt in flight once the round is done)."""
+        cancelled = self._round.observe_rollouts(rows)
+        if self.pruner is not None:
+            self.pruner.record([r for r in rows if not r.get("aborted")])
+        return cancelled
+
     def finish_round(self):
         """Close the round: the pacer learns each prompt's successes and failures; returns the round's summary."""
         rnd, self._round = self._round, None
@@ -134,8 +155,9 @@ class AllocationEngine:
         return out
 
     # ------------------------------------------------------------------ bookkeeping (every rank)
-    def record_round(self, summary, rows, admitted, requests, loss_responses, allocator_s, round_s):
-        """Counters, exposure and the round's history entry, from the broadcast summary; returns the entry."""
+    def record_round(self, summary, rows, admitted, requests, loss_responses, allocator_s, round_s, events=None):
+        """Counters, exposure and the round's history entry, from the broadcast summary; returns the entry.
+        `events`: an event-driven round's order of events, kept in the round log for audit."""
         stats = summary["stats"]
         c, tokens = self.counters, sum(len(r["completion_ids"]) for r in rows)
         c["rounds"] += 1
@@ -150,11 +172,13 @@ class AllocationEngine:
             self.signal_streak += 1
         self.budget_exhausted = summary["finished"]
         np.add.at(self.exposure, [r["pid"] for r in rows], 1)
-        self.round_log.append({"round": c["rounds"] - 1, "requests": requests, "groups": summary["groups"]})
+        self.round_log.append({"round": c["rounds"] - 1, "requests": requests, "groups": summary["groups"],
+                               **({} if events is None else {"events": events})})
         entry = {"round": c["rounds"], "responses": len(rows), "tokens": tokens,
                  "admitted": admitted, "groups": len({r["pid"] for r in rows}), "committed": stats["groups"],
                  "effective_groups": stats["effective_groups"], "abandoned": stats["abandoned"],
-                 "pruned": stats.get("pruned", 0), "unscored": int(stats.get("unscored", 0)),
+                 "pruned": stats.get("pruned", 0), "aborted": stats.get("aborted", 0),
+                 "unscored": int(stats.get("unscored", 0)),
                  "generation_calls": stats["generation_calls"], "loss_responses": loss_responses,
                  "allocator_s": round(allocator_s, 6), "round_s": round(round_s, 6)}
         self.history.append(entry)

@@ -64,7 +64,8 @@ def build_filler(args, num_prompts, pacer=None):
     return make_filler("sara", group_size=k, probe=args.probe, tau_low=args.tau_low, commit_min=args.commit_min,
                        prior=(args.prior_alpha, args.prior_beta), safety_factor=args.sara_safety_factor,
                        warm_start_decay=args.history_decay if own_history else None,
-                       num_prompts=num_prompts if own_history else None)
+                       num_prompts=num_prompts if own_history else None,
+                       overcommit=getattr(args, "sara_overcommit", 1.5))
 
 
 def round_kwargs(args, pacer, units):

@@ -7,6 +7,7 @@ from scipy.special import betaln
 from ._checks import check_int, check_open_unit, check_prior
 from .base import Round
 from .beta import BetaState
+from .event_rounds import EventRound
 from .registry import register
 
 
@@ -53,13 +54,13 @@ class SARAFiller:
     """Algorithm 1 of the SARA seed as a generator-agnostic state machine (see `base.Round`).
 
     Defaults: k = 8, n0 = 2, τ_low = 0.45 (or "auto", see `threshold`), commit_min = k, Beta(1, 1),
-    safety budget 6·B·k. With
+    safety budget 6·B·k; in event rounds `overcommit` = 1.5 (see `SARAEventRound`). With
     `warm_start_decay` (and `num_prompts`) each prompt's posterior carries across rounds, discounted
     toward the prior by that factor (the seed's optional history warm-start).
     """
 
     def __init__(self, group_size=8, probe=2, tau_low=0.45, commit_min=None, prior=(1.0, 1.0),
-                 safety_factor=6, warm_start_decay=None, num_prompts=None):
+                 safety_factor=6, warm_start_decay=None, num_prompts=None, overcommit=1.5):
         self.k = check_int("group_size", group_size, 2)
         self.probe = check_int("probe", probe, 1)
         if self.probe > self.k:
@@ -71,6 +72,10 @@ class SARAFiller:
             raise ValueError(f"`commit_min` ({self.commit_min}) must not exceed `group_size` ({self.k}).")
         self.prior = check_prior("prior", prior)
         self.safety_factor = check_int("safety_factor", safety_factor, 1)
+        self.overcommit = float(overcommit)
+        if not self.overcommit >= 1.0:
+            raise ValueError(f"`overcommit` must be >= 1 (got {overcommit}): event rounds admit prompts while the "
+                             "groups expected from them stay below overcommit × target_groups.")
         # Measured effective groups per response (for tau_low="auto"); starts at the prior's prediction.
         self.yield_groups = float(effective_probability(0, 0, self.k, self.prior))
         self.yield_responses = float(self.k)
@@ -83,6 +88,13 @@ class SARAFiller:
     def start_round(self, stream, budget=None, target_groups=64, counts=None, prior_a=None, prior_b=None):
         """A round over `stream` that stops at `target_groups` committed groups, `budget` responses
         (default: the safety cap 6·B·k) or the end of the stream."""
+        return SARARound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b))
+
+    def start_event_round(self, stream, budget=None, target_groups=64, counts=None, prior_a=None, prior_b=None):
+        """`start_round`'s round, fed one rollout at a time (`SARAEventRound`)."""
+        return SARAEventRound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b))
+
+    def _round_args(self, stream, budget, target_groups, prior_a, prior_b):
         target = check_int("target_groups", target_groups, 0)
         budget = self.safety_factor * target * self.k if budget is None else check_int("budget", budget, 0)
         stream = np.asarray(stream, np.int64)
@@ -92,7 +104,7 @@ class SARAFiller:
         b = np.full(stream.size, self.prior[1]) if prior_b is None else np.asarray(prior_b, float)
         if a.shape != stream.shape or b.shape != stream.shape:
             raise ValueError("`prior_a` / `prior_b` must give one value per stream prompt.")
-        return SARARound(self, stream, a, b, budget, target)
+        return stream, a, b, budget, target
 
     def threshold(self, n):
         """τ_low for prompts with n rollouts. With tau_low="auto" (the seed's parameter-free variant) it is
@@ -202,5 +214,107 @@ class SARARound(Round):
 
     def stats(self):
         return {**super().stats(), "unfinished": len(self.pos),
+                "expected_lost_groups": float(np.sum(self.abandon_p)),
+                "mean_rollouts_to_decide": float(np.mean(self.decided_at)) if self.decided_at else 0.0}
+
+
+class SARAEventRound(EventRound):
+    """SARA (seed 002, Algorithm 1) as events. Each arrival updates the prompt's (n, s, f) and applies
+    eq. 3: COMMIT (mixed, n >= commit_min), ABANDON (p_eff < τ_low, eq. 2; its in-flight rollouts are
+    aborted) or CONTINUE (a mixed prompt gets the rest of its group at once, an unmixed one its next rollout
+    while fewer than n0 of its rollouts are running). A fresh prompt of the stream is admitted, with n0 probes,
+    while the window has room, a whole group of k still fits the budget after reserving k − started for every
+    active prompt, and the groups committed plus those expected from the active prompts (the sum of their
+    p_eff, eq. 2) stay below `overcommit` × target: over-admission keeps the engine full, and what is still
+    running when the target is reached is aborted (spent). Measured on the engine model (docs/benchmarks.md):
+    overcommit 1 leaves ~80% of the engine idle; 1.5 fills it for ~25% more responses."""
+
+    def __init__(self, filler, stream, prior_a, prior_b, budget, target):
+        super().__init__(budget)
+        self.f, self.stream, self.pa, self.pb, self.target = filler, stream, prior_a, prior_b, target
+        self.next = 0
+        self.active = {}   # prompt id -> [stream position, started, ended, successes, failures]
+        self.want = {}     # prompt id -> rollouts to start as soon as the window has room
+        self.decided_at, self.abandon_p = [], []
+
+    def _next(self, room):
+        out = []
+        for pid in list(self.want):  # continuations first, in the order they were asked for
+            n = min(self.want[pid], room)
+            if n:
+                out.append((pid, n))
+                self.active[pid][1] += n
+                room -= n
+                self.want[pid] -= n
+            if not self.want[pid]:
+                del self.want[pid]
+        k = self.f.k
+        cap = self.target * self.f.overcommit
+        while room > 0 and self.next < self.stream.size and len(self.groups) + self._expected() < cap:
+            reserve = sum(k - a[1] for a in self.active.values())
+            if self.spent + sum(n for _, n in out) + reserve + k > self.budget:
+                break
+            pid, pos = int(self.stream[self.next]), self.next
+            self.next += 1
+            n = min(self.f.probe, room)
+            self.active[pid] = [pos, n, 0, 0, 0]
+            if self.f.probe > n:
+                self.want[pid] = self.f.probe - n
+            out.append((pid, n))
+            room -= n
+        return out
+
+    def _expected(self):
+        """Groups the active prompts are expected to commit: the sum of their p_eff (eq. 2)."""
+        if not self.active:
+            return 0.0
+        pos, _, n, s, fail = np.asarray(list(self.active.values())).T
+        return float(effective_probability(n, s, self.f.k, (self.pa[pos], self.pb[pos]), fail).sum())
+
+    def _on_rollout(self, pid, observed):
+        a = self.active.get(pid)
+        if a is None:  # decided already: an in-flight sibling of a committed or abandoned prompt
+            return
+        a[2] += 1
+        if observed is not None:
+            a[3 if observed else 4] += 1
+        pos, started, n, s, fail = a
+        verdict, p = decide([n], [s], self.f.k, self.f.threshold(np.asarray([n])), self.f.commit_min,
+                            (self.pa[[pos]], self.pb[[pos]]), [fail])
+        verdict, p = int(verdict[0]), float(p[0])
+        if verdict == COMMIT:
+            self._decided(pid, n)
+            if len(self.groups) < self.target:
+                self.groups.append(pid)
+                self.effective += 1
+            if len(self.groups) >= self.target:
+                self._close()
+        elif verdict == ABANDON:
+            self._decided(pid, n)
+            self.abandoned.append(pid)
+            self.abandon_p.append(p)
+            self._cancel(pid)
+        elif s >= 1 and fail >= 1:  # mixed: the rest of the group (up to commit_min) at once
+            more = self.f.commit_min - started - self.want.get(pid, 0)
+            if more > 0:
+                self.want[pid] = self.want.get(pid, 0) + more
+        elif self.live[pid] + self.want.get(pid, 0) < self.f.probe and started < self.f.k:
+            self.want[pid] = self.want.get(pid, 0) + 1  # keep n0 rollouts of an undecided prompt running
+
+    def _decided(self, pid, n):
+        del self.active[pid]
+        self.want.pop(pid, None)
+        self.decided_at.append(int(n))
+
+    def _closed_hook(self):
+        self.want.clear()
+        self.f._round_done(self)
+
+    @property
+    def unfinished(self):
+        return sorted(self.active)
+
+    def stats(self):
+        return {**super().stats(), "unfinished": len(self.active),
                 "expected_lost_groups": float(np.sum(self.abandon_p)),
                 "mean_rollouts_to_decide": float(np.mean(self.decided_at)) if self.decided_at else 0.0}

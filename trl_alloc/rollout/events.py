@@ -1,6 +1,5 @@
-"""Event-driven rollouts, first piece (the rollout-engine layer): submit rollouts, receive each one as soon
-as it finishes, abort the ones still running. The fillers do not use it yet; this is the interface they
-will consume, and its two backends.
+"""The rollout engine: submit rollouts, receive each one as soon as it finishes, abort the ones still running
+(`rollout.streaming.RoundDriver` runs the fillers' event rounds over it).
 
     engine = VLLMServerRollouts("http://127.0.0.1:8000")     # or BatchedRollouts(backend.generate)
     rids = engine.submit(prompt_ids, n=2, max_tokens=64, tag=pid)
@@ -14,7 +13,9 @@ Accounting: every submitted rollout ends as exactly one `Rollout` (finished or a
 
 - `BatchedRollouts`: the exact CPU fallback. The rollouts pending at a call to `next_completed` are
   generated together in one batched call of `generate(prompt_ids, max_tokens)` (e.g.
-  `evaluation.TransformersBackend.generate`), so a run is deterministic for a seed.
+  `evaluation.TransformersBackend.generate`), so a run is deterministic for a seed. Without `generate`
+  the caller generates: `next_completed` hands back the pending rollouts without tokens, and the caller
+  fills them in one batched call (the trainer does, across its ranks) before observing them.
 - `VLLMServerRollouts`: one streamed `/v1/completions` request per rollout (n = 1), up to
   `max_inflight` at once; a rollout is delivered when its stream ends; abort closes its stream, which
   makes vLLM abort the request.
@@ -40,6 +41,7 @@ class Rollout:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     finish_reason: str | None = None  # "stop", "length" or "abort"
+    info: dict = field(default_factory=dict)  # what a backend reports besides tokens (e.g. a simulated outcome)
 
 
 class BatchedRollouts:
@@ -47,7 +49,7 @@ class BatchedRollouts:
     reasons)`, one call per `next_completed` over everything pending (rollouts of one call share its
     `max_tokens`, the largest asked; each is cut to its own)."""
 
-    def __init__(self, generate, seed=0):
+    def __init__(self, generate=None, seed=0):
         self._generate, self.seed = generate, int(seed)
         self._ids, self._pending, self.calls = itertools.count(), {}, 0
 
@@ -76,9 +78,11 @@ class BatchedRollouts:
         if not self._pending:
             return []
         batch, self._pending = list(self._pending.values()), {}
-        cap = max(r.max_tokens for r in batch)
-        ids, reasons = self._generate([r.prompt_ids for r in batch], cap, self.seed + self.calls)
         self.calls += 1
+        if self._generate is None:  # the caller generates them
+            return batch
+        cap = max(r.max_tokens for r in batch)
+        ids, reasons = self._generate([r.prompt_ids for r in batch], cap, self.seed + self.calls - 1)
         for r, c, why in zip(batch, ids, reasons):
             r.token_ids = list(map(int, c))[:r.max_tokens]
             r.finish_reason = "length" if len(c) > r.max_tokens else why

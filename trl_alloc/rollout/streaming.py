@@ -1,77 +1,101 @@
-"""Event-driven filling over `rollout.events`, second piece of the event-driven rollout issue: DAPO's dynamic
-sampling as events. Not wired into the trainer yet.
+"""Event-driven filling: one round of an allocator's event round (`allocation.event_rounds`) run over a
+rollout engine (`rollout.events`), as slime and ROLL keep their engines full: rollouts are started within a
+window of `max_inflight`, each is handed back as soon as it ends, the allocator decides on it at once, and
+what it no longer wants (an abandoned prompt's siblings, everything once the round is done) is aborted.
 
-Whole groups of k rollouts are submitted, prompt after prompt, while the round lacks `target_groups` kept
-groups and the budget allows; a group is judged the moment its k-th rollout arrives (kept when mixed); once
-the target is reached, every rollout still running is aborted. Budget accounting is exact: a rollout counts
-as spent when it is submitted (aborted ones included), so `spent` never exceeds `budget`, and every token
-a rollout generated is counted. The order of events is recorded for audit.
+    driver = RoundDriver(engine, rollouts, prompt_ids_of, max_tokens, max_inflight)   # engine: started with
+    while (batch := driver.poll()) is not None:                                    # start_round(events=True)
+        driver.observe(score(batch))       # one row per rollout of the batch: pid, success (, pruned)
+
+Accounting (exact): a rollout is spent when it is started (aborted ones included), so the round's budget
+holds at every moment, in-flight rollouts included; every generated token is counted, an aborted rollout's
+too; every started rollout ends exactly once. `events` records ("submit" | "done" | "abort", prompt id,
+rollout id) in the order they happened, for the round log.
 """
 
-from dataclasses import dataclass, field
-
-import numpy as np
+import time
 
 
-@dataclass
-class StreamedRound:
-    groups: list = field(default_factory=list)        # prompt ids of the kept (mixed) groups, in keeping order
-    rejected: list = field(default_factory=list)      # prompt ids whose complete group was not mixed
-    surplus: list = field(default_factory=list)       # mixed groups completed after the target was reached
-    rollouts: dict = field(default_factory=dict)      # prompt id -> its finished or aborted Rollouts
-    spent: int = 0                                    # rollouts submitted (aborted included)
-    aborted: int = 0
-    tokens: int = 0                                   # every generated token, aborted rollouts' included
-    events: list = field(default_factory=list)        # ("submit"|"done"|"abort", prompt id, rollout id), in order
+class RoundDriver:
+    """Runs one event round. `allocator`: an `AllocationEngine` whose round was started with `events=True`,
+    or an event round itself (both have `submissions`, `observe_rollouts`, `done`)."""
 
+    def __init__(self, allocator, rollouts, prompt_ids_of, max_tokens, max_inflight=None, timeout=None):
+        self.allocator, self.rollouts, self.prompt_ids_of = allocator, rollouts, prompt_ids_of
+        self.max_tokens, self.timeout = int(max_tokens), timeout
+        self.window = None if max_inflight is None else int(max_inflight)
+        self.live, self.events, self.ended = {}, [], []  # live: rollout id -> prompt id
+        self.spent = self.tokens = self.aborted = 0
+        self.waited_s = 0.0  # seconds spent waiting for the engine
+        self._batch, self._held = [], []
 
-def dynamic_sampling_round(engine, prompts, group_size, target_groups, budget, success, max_tokens,
-                           max_inflight=None, timeout=None):
-    """Run one round of event-driven dynamic sampling.
+    def _done(self):
+        a = self.allocator
+        return a.round_done if hasattr(a, "round_done") else a.done
 
-    engine: a `rollout.events` backend; prompts: iterable of (prompt id, prompt token ids), the stream;
-    success(rollout) -> 1.0, 0.0 or NaN (unscored); max_inflight: most rollouts running at once (default:
-    as many as the budget allows). Returns a `StreamedRound`.
-    """
-    k, out = int(group_size), StreamedRound()
-    window = int(budget) if max_inflight is None else max(int(max_inflight), k)
-    stream, live, scores = iter(prompts), {}, {}  # live: rollout id -> prompt id
+    def _refill(self):
+        room = (1 << 62) if self.window is None else self.window - len(self.live)
+        if room <= 0:
+            return
+        for pid, n in self.allocator.submissions(room):
+            for rid in self.rollouts.submit(self.prompt_ids_of(pid), n=n, max_tokens=self.max_tokens, tag=pid):
+                self.live[rid] = pid
+                self.events.append(("submit", pid, rid))
+            self.spent += n
 
-    def refill():
-        while len(out.groups) < target_groups and out.spent + k <= budget and len(live) + k <= window:
-            nxt = next(stream, None)
-            if nxt is None:
-                return
-            pid, prompt_ids = nxt
-            for rid in engine.submit(prompt_ids, n=k, max_tokens=max_tokens, tag=pid):
-                live[rid] = pid
-                out.events.append(("submit", pid, rid))
-            out.spent += k
-            out.rollouts[pid], scores[pid] = [], []
+    def poll(self):
+        """Start what the allocator asks for, then return the rollouts that have ended (blocking until one
+        has); None once the round is done and nothing is in flight."""
+        if not self._done():
+            self._refill()
+        if self._held:
+            batch, self._held = self._held, []
+        elif not self.live:
+            if not self._done():
+                raise RuntimeError("the allocator's round is not done but asks for no rollout with none in flight.")
+            return None
+        else:
+            t0 = time.perf_counter()
+            batch = self.rollouts.next_completed(timeout=self.timeout)
+            self.waited_s += time.perf_counter() - t0
+            if not batch:
+                raise TimeoutError(f"no rollout ended within {self.timeout} s ({len(self.live)} in flight); is the "
+                                   "inference server alive? (raise the timeout for long generations)")
+        for r in batch:
+            self.live.pop(r.rid, None)
+        self._batch = batch
+        return batch
 
-    refill()
-    while live and len(out.groups) < target_groups:
-        for r in engine.next_completed(timeout=timeout):
-            pid = live.pop(r.rid)
-            out.events.append(("done", pid, r.rid))
-            out.tokens += len(r.token_ids)
-            out.rollouts[pid].append(r)
-            scores[pid].append(float(success(r)))
-            if len(scores[pid]) == k:  # the group is complete: judge it now
-                s = np.asarray(scores[pid])
-                s = s[~np.isnan(s)]
-                mixed = s.size >= 2 and 0 < s.sum() < s.size
-                if not mixed:
-                    out.rejected.append(pid)
-                else:
-                    (out.groups if len(out.groups) < target_groups else out.surplus).append(pid)
-        refill()
-    if live:  # the target is reached: the surplus stops using the engine
-        for r in engine.abort(list(live)):  # (one that finished meanwhile comes back finished)
-            pid = live.pop(r.rid)
+    def observe(self, rows):
+        """The rows of the last `poll`'s rollouts, in its order; aborts what the allocator no longer wants."""
+        if len(rows) != len(self._batch):
+            raise ValueError(f"`observe` needs one row per polled rollout ({len(self._batch)}), got {len(rows)}.")
+        for r, row in zip(self._batch, rows):
             cut = r.finish_reason == "abort"
-            out.events.append(("abort" if cut else "done", pid, r.rid))
-            out.tokens += len(r.token_ids)
-            out.rollouts[pid].append(r)
-            out.aborted += int(cut)
-    return out
+            row["aborted"] = cut
+            self.events.append(("abort" if cut else "done", r.tag, r.rid))
+            self.tokens += len(row.get("completion_ids", r.token_ids))  # (the caller's, if it generated them)
+            self.aborted += int(cut)
+            self.ended.append(r)
+        self._batch = []
+        cancelled = set(self.allocator.observe_rollouts(rows))
+        if self._done():
+            cancelled |= set(self.live.values())
+        doomed = [rid for rid, pid in self.live.items() if pid in cancelled]
+        if doomed:  # ended ones come back from abort finished; both kinds go through the next poll
+            for r in self.rollouts.abort(doomed):
+                self.live.pop(r.rid, None)
+                self._held.append(r)
+
+
+def run_round(allocator, rollouts, prompt_ids_of, success, max_tokens, max_inflight=None, timeout=None):
+    """Run a whole event round with `success(rollout)` -> 1.0, 0.0 or NaN as the score; returns the driver
+    (its `ended` rollouts, `events`, `spent`, `tokens`, `aborted`)."""
+    driver = RoundDriver(allocator, rollouts, prompt_ids_of, max_tokens, max_inflight, timeout)
+    while (batch := driver.poll()) is not None:
+        driver.observe([{"pid": r.tag, "success": float("nan") if r.finish_reason == "abort" else float(success(r))}
+                        for r in batch])
+    return driver
+
+
+__all__ = ["RoundDriver", "run_round"]

@@ -106,6 +106,17 @@ class AllocGRPOConfig(GRPOConfig):
     max_generation_batches: int = field(default=10, metadata={
         "help": "Dynamic sampling: generation batches allowed per round before the run fails (DAPO's cap)."})
 
+    # Rollouts (docs/architecture.md: the event-driven round)
+    rollout_mode: str = field(default="deterministic", metadata={
+        "help": "'deterministic': each round is a sequence of batched generation calls (bit-exact for a seed). "
+        "'events': rollouts are started within a window and decided on one at a time as they end, the surplus "
+        "aborted (vLLM server mode streams them; transformers generation batches what is pending)."})
+    rollout_max_inflight: int | None = field(default=None, metadata={
+        "help": "Events mode: most rollouts running at once. None = the generation batch (what stock TRL runs)."})
+    sara_overcommit: float = field(default=1.5, metadata={
+        "help": "Events mode, SARA: admit prompts while committed + expected groups (sum of p_eff) < this × "
+        "target_groups. Higher fills the engine sooner and aborts more surplus (spent budget)."})
+
     # ARROL (SPEC §4)
     detect_length: int = field(default=512, metadata={
         "help": "ARROL detection length L_detect in tokens: every rollout generates up to this many tokens, then the "
@@ -149,6 +160,12 @@ class AllocGRPOConfig(GRPOConfig):
                          ("sara_safety_factor", 1), ("max_generation_batches", 1), ("knapsack_min_n", 1)):
             if int(getattr(self, name)) < lo:
                 raise ValueError(f"`{name}` must be >= {lo}, got {getattr(self, name)}.")
+        _check_choice("rollout_mode", self.rollout_mode, ("deterministic", "events"))
+        if self.rollout_max_inflight is not None and self.rollout_max_inflight < k:
+            raise ValueError(f"`rollout_max_inflight` ({self.rollout_max_inflight}) must hold at least one group "
+                             f"(num_generations = {k}).")
+        if not self.sara_overcommit >= 1:
+            raise ValueError(f"`sara_overcommit` must be >= 1, got {self.sara_overcommit}.")
         if self.probe > k:
             raise ValueError(f"`probe` ({self.probe}) must not exceed `num_generations` (k = {k}); lower `probe`.")
         if self.commit_min > k:

@@ -1,5 +1,6 @@
 """One generation request of a round: its rows generated across ranks (TRL's generation backend, or
-ARROL's two-phase generation), scored with TRL's reward step, and gathered so every rank holds them."""
+ARROL's two-phase generation), scored with TRL's reward step, and gathered so every rank holds them; and,
+in event mode, the scoring of rollouts that ended in the rollout engine (`_score_rollouts`)."""
 
 import math
 
@@ -48,6 +49,28 @@ class RequestGenerationMixin:
             prompt_tok = [list(map(int, p)) for p in tokenized[:len(local)]]
             if sampling_logps is not None:  # vLLM: kept for the importance-sampling correction
                 logprobs = [[float("nan") if x is None else float(x) for x in lp] for lp in sampling_logps[:len(local)]]
+        return self._score_share(flat, share, local, examples, prompt_tok, completion_ids, logprobs, pruned)
+
+    def _score_rollouts(self, rollouts):
+        """Score ended rollouts (event mode; the same list on every rank): each rank scores a contiguous share.
+        Aborted rollouts get no reward, like pruned ones; returns rows as `_generate_and_score_request`'s."""
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        flat = np.asarray([r["pid"] for r in rollouts], np.int64)
+        share = math.ceil(flat.size / world)
+        mine = rollouts[rank * share:(rank + 1) * share]
+        local = [r["pid"] for r in mine]
+        examples = {pid: self.train_dataset[int(pid)] for pid in set(local) | {int(flat[0])}}
+        rows = self._score_share(flat, share, local, examples, [r["prompt_ids"] for r in mine],
+                                 [r["token_ids"] for r in mine], [r["logprobs"] for r in mine],
+                                 [r["finish_reason"] == "abort" for r in mine])
+        for row, r in zip(rows, rollouts):
+            row["aborted"] = r["finish_reason"] == "abort"
+            row["pruned"] = False  # (aborted, not pruned: it was scored as cut only to get no reward)
+        return rows
+
+    def _score_share(self, flat, share, local, examples, prompt_tok, completion_ids, logprobs, pruned):
+        """Score this rank's share `local` of the rows `flat` with TRL's reward step; gather every share."""
+        world = self.accelerator.num_processes
         logprobs = logprobs or [None] * len(completion_ids)
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True) if completion_ids else []
         conversational = is_conversational({"prompt": examples[int(flat[0])]["prompt"]})

@@ -8,6 +8,9 @@ Only the sampling step changes. One scheduler round collects one generation batc
         engine.observe(rows, request)             # TRL's reward functions (generation.py)
     engine.finish_round(); engine.record_round(...)
 
+or, with `rollout_mode="events"`, the rollouts of the round are started within a window and decided on one
+at a time as they end (streaming.py).
+
 and only the round's committed groups reach TRL's loss, with advantages normalised inside each group
 by its own size. The allocators see each response's success (`success_reward_funcs` >=
 `success_threshold`, NaN when no reward function could score it). The loss, optimizer, logging and
@@ -44,6 +47,7 @@ from .config import AllocDAPOConfig, AllocGRPOConfig
 from .generation import RequestGenerationMixin
 from .loss_batch import LossBatchMixin
 from .metrics import RoundMetricsMixin
+from .streaming import EventRoundMixin
 from .trl_compat import check_trainer, check_trl, is_zero3, patch_trl_vllm_client, train_metrics
 
 TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
@@ -95,7 +99,8 @@ class _AllocationCallback(TrainerCallback):
             t.allocation_summary = t.write_allocation_report()
 
 
-class AllocGRPOTrainer(RequestGenerationMixin, LossBatchMixin, RoundMetricsMixin, CheckpointMixin, HubMixin, GRPOTrainer):
+class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, LossBatchMixin, RoundMetricsMixin, CheckpointMixin,
+                       HubMixin, GRPOTrainer):
     """GRPOTrainer whose sampling step is a CERO/SARA-style allocation pipeline (see module docstring).
 
     Takes GRPOTrainer's arguments; `args` must be an `AllocGRPOConfig` and `train_dataset` an indexable
@@ -135,6 +140,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, LossBatchMixin, RoundMetricsMixin
         check_trainer(self)
         if self._is_vlm or "image" in train_dataset.column_names or "images" in train_dataset.column_names:
             raise ValueError(f"{type(self).__name__} supports text prompts only.")
+        self._check_event_mode()
         if server_mode and self.accelerator.is_main_process:  # before the first push: the same architecture?
             self.vllm_generation.vllm_client.check_serves(self.accelerator.unwrap_model(self.model).config)
 
@@ -265,9 +271,12 @@ class AllocGRPOTrainer(RequestGenerationMixin, LossBatchMixin, RoundMetricsMixin
         t_round = time.perf_counter()
         self._allocator_s = 0.0
         engine = self.engine
-        admitted = self._allocator(engine.start_round)
-        rows, requests = [], []
-        while (request := self._allocator(engine.next_request)) is not None:
+        events = self.args.rollout_mode == "events"
+        admitted = self._allocator(engine.start_round, events)
+        rows, requests, log = [], [], None
+        if events:  # rollouts started within a window, decided on as they end (streaming.py)
+            rows, log = self._run_event_round()
+        while not events and (request := self._allocator(engine.next_request)) is not None:
             requests.append(request)
             new = self._generate_and_score_request(*request)
             rows.extend(new)
@@ -275,7 +284,9 @@ class AllocGRPOTrainer(RequestGenerationMixin, LossBatchMixin, RoundMetricsMixin
         summary = self._allocator(engine.finish_round)
         batches = self._build_loss_batches(rows, summary["groups"])
         entry = engine.record_round(summary, rows, admitted, requests, len(self._round_loss_rows), self._allocator_s,
-                                    time.perf_counter() - t_round)
+                                    time.perf_counter() - t_round, events=None if log is None else log["events"])
+        if log is not None:
+            entry["engine_wait_s"] = round(log["waited_s"], 6)
         self._rounds_this_session += 1
         self._log_round(rows, summary, entry)
         return batches

@@ -21,7 +21,7 @@ class LossBatchMixin:
         (pruned rollouts never reach the loss; a group is its survivors)."""
         by_pid = defaultdict(list)
         for i, row in enumerate(rows):
-            if not row.get("pruned"):
+            if not (row.get("pruned") or row.get("aborted")):
                 by_pid[row["pid"]].append(i)
         groups = [g for g in dict.fromkeys(groups) if by_pid[g]]
         loss_rows = [rows[i] for g in groups for i in by_pid[g]]

@@ -9,7 +9,8 @@ from trl.trainer.utils import nanstd
 from .trl_compat import completion_log, take_pending_metrics, train_metrics
 
 # Round.stats() keys every filler reports; the rest are the filler's own (logged as alloc/<filling>/<key>)
-BASE_STATS = ("responses", "groups", "effective_groups", "abandoned", "generation_calls", "pruned", "unscored")
+BASE_STATS = ("responses", "groups", "effective_groups", "abandoned", "generation_calls", "pruned", "unscored",
+              "aborted")
 
 
 class RoundMetricsMixin:
@@ -35,6 +36,9 @@ class RoundMetricsMixin:
         m["alloc/egr"].append(stats["effective_groups"] / entry["groups"] if entry["groups"] else 0.0)
         m["alloc/loss_responses"].append(float(entry["loss_responses"]))
         m["alloc/generation_calls"].append(float(stats["generation_calls"]))
+        if "aborted" in stats:  # event mode
+            m["alloc/responses_aborted"].append(float(stats["aborted"]))
+            m["alloc/engine_wait_s"].append(float(entry.get("engine_wait_s", 0.0)))
         for key in sorted(set(stats) - set(BASE_STATS)):  # e.g. SARA's mean_rollouts_to_decide
             m[f"alloc/{self.args.filling}/{key}"].append(float(stats[key]))
         m["alloc/time_s"].append(entry["allocator_s"])
@@ -49,7 +53,7 @@ class RoundMetricsMixin:
                     m[key] = [value]
                 else:
                     m[key].append(value)
-        rows = [r for r in rows if not r.get("pruned")]  # completion and reward figures: completed rollouts
+        rows = [r for r in rows if not (r.get("pruned") or r.get("aborted"))]  # figures of completed rollouts
         if not rows:
             return
         self._log_completions(m, rows)

@@ -62,6 +62,19 @@ def generate(trainer, prompt_ids):
     return trainer._generate_single_turn(prompt_ids, None, {}, 1)
 
 
+def sync_vllm_weights(trainer):
+    """Push the policy's weights to vLLM if a step was taken since the last push (every rank: collective), as
+    TRL's generation step does before it generates."""
+    if trainer.state.global_step != trainer._last_loaded_step:
+        trainer.vllm_generation.sync_weights()
+        trainer._last_loaded_step = trainer.state.global_step
+
+
+def vllm_server_url(trainer):
+    """The base URL of the vLLM server TRL's client talks to."""
+    return trainer.vllm_generation.vllm_client.base_url
+
+
 def calculate_rewards(trainer, inputs, prompts, completions, completion_ids):
     """TRL's reward step (every reward function, gathered over ranks): (rows, functions) tensor."""
     return trainer._calculate_rewards(inputs, prompts, completions, completion_ids)

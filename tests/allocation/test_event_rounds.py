@@ -1,0 +1,159 @@
+"""The fillers' event rounds (allocation/event_rounds.py, sara.SARAEventRound, baselines.DynamicSamplingEventRound)
+fed one rollout at a time in random orders: exact accounting, SARA's rule on every decision, and an engine run
+that resumes identically."""
+
+import functools
+import json
+
+import numpy as np
+import pytest
+
+from trl_alloc.allocation import decide, effective_probability, make_filler, make_pacer
+from trl_alloc.allocation.engine import AllocationEngine, json_default
+from trl_alloc.allocation.event_rounds import BatchedEventRound
+from trl_alloc.allocation.pipeline import round_arguments
+from trl_alloc.allocation.sara import ABANDON, COMMIT
+
+
+def drive(rnd, p_success, rng, window=16):
+    """End a random in-flight rollout at each step (abort the cancelled ones); check the budget at every step.
+    Returns the per-prompt outcome sequences and the count of started and ended rollouts."""
+    live, seen, started, ended = [], {}, 0, 0
+    while True:
+        if not rnd.done:
+            for pid, n in rnd.submissions(window - len(live)):
+                live += [pid] * n
+                started += n
+        assert rnd.spent == started <= rnd.budget and len(live) <= window
+        if not live:
+            assert rnd.done
+            return seen, started, ended
+        pid = live.pop(int(rng.integers(len(live))))
+        ok = float(rng.random() < p_success[pid])
+        seen.setdefault(pid, []).append(ok)
+        ended += 1
+        rnd.observe_rollout(pid, ok)
+        for doomed in sorted(rnd.cancelled if not rnd.done else set(live)):
+            while doomed in live:
+                live.remove(doomed)
+                ended += 1
+                rnd.observe_rollout(doomed, float("nan"), aborted=True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sara_event_round_accounts_exactly_and_applies_eq3_on_every_decision(seed):
+    rng = np.random.default_rng(seed)
+    p = rng.beta(0.5, 0.5, 60)
+    filler = make_filler("sara", group_size=6, probe=2, tau_low=0.45)
+    rnd = filler.start_event_round(np.arange(60), budget=150, target_groups=6)
+    seen, started, ended = drive(rnd, p, rng)
+    assert started == ended == rnd.spent <= 150 and rnd.done and not rnd.live
+    s, f, spent = rnd.outcomes(60)
+    assert spent.sum() == started and (s + f).sum() == started - rnd.stats()["aborted"]
+    assert len(rnd.groups) <= 6 and set(rnd.groups).isdisjoint(rnd.abandoned)
+    for pid in rnd.groups:  # committed: mixed, with commit_min observed outcomes
+        assert s[pid] >= 1 and f[pid] >= 1 and s[pid] + f[pid] >= 6
+    for pid in rnd.abandoned:  # abandoned: eq. 3 said so at its last observed outcome
+        n_obs = len(seen[pid])
+        verdict, _ = decide([n_obs], [sum(seen[pid][:n_obs])], 6, 0.45)
+        assert verdict[0] == ABANDON or s[pid] + f[pid] < n_obs  # (an aborted sibling ends after the decision)
+    assert rnd.stats()["effective_groups"] == len(rnd.groups)
+
+
+def test_sara_event_round_admits_by_expected_groups():
+    """Admission stops once committed + sum(p_eff) of the active prompts reaches overcommit × target."""
+    filler = make_filler("sara", group_size=8, probe=2, overcommit=1.5)
+    rnd = filler.start_event_round(np.arange(100), budget=10_000, target_groups=4)
+    first = rnd.submissions(1000)
+    fresh = effective_probability(0, 0, 8)  # 7/9 for the uniform prior
+    assert len(first) == int(np.ceil(4 * 1.5 / fresh)) and all(n == 2 for _, n in first)
+    assert rnd.submissions(1000) == []  # nothing more until something ends
+    with pytest.raises(ValueError, match="overcommit"):
+        make_filler("sara", group_size=8, overcommit=0.5)
+
+
+def test_dynamic_sampling_event_round_keeps_complete_mixed_groups_and_hits_the_cap():
+    rng = np.random.default_rng(0)
+    p = rng.beta(0.5, 0.5, 80)
+    rnd = make_filler("dynamic_sampling", group_size=4, max_generation_batches=20).start_event_round(
+        np.arange(80), budget=200, target_groups=5)
+    seen, started, ended = drive(rnd, p, rng, window=12)
+    assert started == ended == rnd.spent <= 200 and started % 4 == 0
+    for pid in rnd.groups:
+        assert len(seen[pid]) == 4 and 0 < sum(seen[pid]) < 4
+    for pid in rnd.rejected:
+        assert len(seen[pid]) == 4 and sum(seen[pid]) in (0, 4)
+    capped = make_filler("dynamic_sampling", group_size=4, max_generation_batches=2).start_event_round(
+        np.arange(80), budget=400, target_groups=3)
+    with pytest.raises(RuntimeError, match="max_generation_batches"):
+        drive(capped, np.zeros(80), rng)  # never mixed: 2 batches of 3 prompts, then the cap
+
+
+def test_batched_event_round_takes_the_batched_rounds_decisions():
+    rng = np.random.default_rng(3)
+    outcomes = rng.random((30, 8)) < 0.5
+    for name, kw in (("full", {}), ("sara", {"probe": 2})):
+        a = make_filler(name, group_size=8, **kw).start_round(np.arange(30), 160, 8)
+        b = BatchedEventRound(make_filler(name, group_size=8, **kw).start_round(np.arange(30), 160, 8))
+        used = {}
+        while not a.done:  # batched: each prompt's outcomes in order
+            ids, counts = a.requests()
+            a.observe([outcomes[p, used.get(p, 0):used.get(p, 0) + n] for p, n in zip(ids, counts)])
+            for p, n in zip(ids, counts):
+                used[p] = used.get(p, 0) + n
+        used, live = {}, []
+        while not b.done:  # events: the same outcomes, ending in reverse order, 5 at a time in flight
+            for pid, n in b.submissions(5 - len(live)):
+                live += [pid] * n
+            pid = live.pop()
+            b.observe_rollout(pid, float(outcomes[pid, used.get(pid, 0)]))
+            used[pid] = used.get(pid, 0) + 1
+        assert b.groups == a.groups and b.spent == a.spent and b.abandoned == a.abandoned
+
+
+def engine():
+    pacer = make_pacer("cero", 24, rounds=5, budget=40, round_capacity=12, unit_size=2, seed=0)
+    filler = make_filler("sara", group_size=4, probe=2, tau_low="auto")
+    join = functools.partial(round_arguments, filling="sara", group_size=4, oversample=1)
+    plan = {"pacing": "cero", "filling": "sara", "pruning": "none", "num_prompts": 24, "num_rounds": 5,
+            "rollout_budget": 80, "allocation_seed": 0, "dataset_fingerprint": "x"}
+    return AllocationEngine(pacer, filler, join, plan)
+
+
+def event_round(e, p, rng):
+    admitted = e.start_round(events=True)
+    live, rows = [], []
+    while not e.round_done or live:
+        if not e.round_done:
+            for pid, n in e.submissions(6 - len(live)):
+                live += [pid] * n
+        if not live:
+            continue
+        pid = live.pop(int(rng.integers(len(live))))
+        row = {"pid": pid, "success": float(rng.random() < p[pid]), "completion_ids": [1, 2]}
+        rows.append(row)
+        cancelled = set(e.observe_rollouts([row]))
+        for doomed in [x for x in live if x in cancelled]:
+            live.remove(doomed)
+            rows.append({"pid": doomed, "success": float("nan"), "aborted": True, "completion_ids": [1]})
+            e.observe_rollouts([rows[-1]])
+    summary = e.finish_round()
+    e.record_round(summary, rows, admitted, [], len(summary["groups"]) * 4, 0.0, 1.0)
+    return rows
+
+
+def test_engine_event_rounds_never_overspend_and_resume_identically():
+    p = np.random.default_rng(1).uniform(0, 1, 24)
+    full, first = engine(), engine()
+    rng_a, rng_b = np.random.default_rng(2), np.random.default_rng(2)
+    spent = 0
+    for _ in range(2):
+        spent += len(event_round(full, p, rng_a))
+        event_round(first, p, rng_b)
+    resumed = engine()
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict(), default=json_default)))
+    for _ in range(3):
+        spent += len(event_round(full, p, rng_a))
+        event_round(resumed, p, rng_b)
+    assert resumed.history == full.history and resumed.round_log == full.round_log[2:]
+    assert full.counters["responses"] == spent == 80 - full.pacer.remaining_responses <= 80

@@ -1,0 +1,84 @@
+"""AllocGRPOTrainer with rollout_mode="events" (trainer/streaming.py) on the tiny model, transformers
+generation: the exactness of the deterministic mode (budget, resume, groups from their own round) holds,
+every started rollout ends exactly once, and the order of events is in the round log."""
+
+import json
+import os
+from collections import Counter
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+from helpers import build  # noqa: E402
+
+from trl_alloc.allocation.engine import json_default  # noqa: E402
+from trl_alloc.benchmarks.measure import count_generated  # noqa: E402
+from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
+
+
+def check_events(entry):
+    """Each rollout submitted once and ended once; groups are prompts that had rollouts this round."""
+    events = entry["events"]
+    submitted = [rid for kind, _, rid in events if kind == "submit"]
+    ended = Counter(rid for kind, _, rid in events if kind in ("done", "abort"))
+    assert len(set(submitted)) == len(submitted) and set(ended) == set(submitted) and set(ended.values()) <= {1}
+    at = {rid: i for i, (kind, _, rid) in enumerate(events) if kind == "submit"}
+    assert all(i > at[rid] for i, (kind, _, rid) in enumerate(events) if kind != "submit")  # ends after its start
+    assert set(entry["groups"]) <= {pid for kind, pid, _ in events if kind == "done"}
+    return len(submitted)
+
+
+@pytest.mark.parametrize("pacing,filling", [("cero", "sara"), ("uniform", "sara"), ("uniform", "dynamic_sampling"),
+                                            ("cero", "full")])
+def test_events_never_generate_past_the_budget(tmp_path, pacing, filling):
+    budget = 40
+    trainer = build(tmp_path, pacing=pacing, filling=filling, num_rounds=6, rollout_budget=budget,
+                    max_generation_batches=50, rollout_mode="events", rollout_max_inflight=8)
+    generated = count_generated(trainer)
+    trainer.train()
+    spent = budget - trainer.engine.pacer.remaining_responses
+    assert generated["n"] == trainer.engine.counters["responses"] == spent <= budget
+    assert trainer.state.global_step == trainer.engine.counters["rounds"] <= 6
+    started = [check_events(entry) for entry in trainer.engine.round_log]
+    assert sum(started) == spent and all(h["responses"] == n for h, n in zip(trainer.engine.history, started))
+    assert any(entry["groups"] for entry in trainer.engine.round_log)  # something was trained
+    assert all(h["aborted"] == 0 for h in trainer.engine.history)  # batched generation: nothing left running
+    logged = {k for x in trainer.state.log_history for k in x}
+    assert {"alloc/responses_aborted", "alloc/engine_wait_s"} <= logged
+
+
+def test_events_respect_the_window(tmp_path):
+    trainer = build(tmp_path, pacing="uniform", filling="sara", num_rounds=2, rollout_budget=64,
+                    rollout_mode="events", rollout_max_inflight=5)
+    sizes = []
+    inner = trainer._generate_and_score_request
+
+    def spy(prompt_ids, counts):
+        sizes.append(sum(counts))
+        return inner(prompt_ids, counts)
+
+    trainer._generate_and_score_request = spy
+    trainer.train()
+    assert sizes and max(sizes) <= 5 and sum(sizes) == trainer.engine.counters["responses"]
+
+
+def test_events_resume_restores_the_allocator_and_reproduces_decisions(tmp_path):
+    kw = dict(pacing="cero", filling="sara", num_rounds=4, rollout_budget=48, save_strategy="steps", save_steps=2,
+              rollout_mode="events", rollout_max_inflight=6)
+    full = build(tmp_path / "full", **kw)
+    full.train()
+    ckpt = tmp_path / "full" / "checkpoint-2"
+    saved = json.loads((ckpt / ALLOCATION_STATE_NAME).read_text())
+    resumed = build(tmp_path / "resumed", **kw)
+    resumed.train(resume_from_checkpoint=str(ckpt))
+    after_load = json.loads(json.dumps(resumed.allocation_state(), default=json_default))
+    assert saved["counters"]["rounds"] == 2
+    assert resumed.engine.round_log == full.engine.round_log[2:]  # the same events, groups, in the same order
+    assert after_load["pacer"] == full.allocation_state()["pacer"]
+
+
+def test_events_mode_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="rollout_mode"):
+        build(tmp_path, rollout_mode="stream")
+    with pytest.raises(ValueError, match="rollout_max_inflight"):
+        build(tmp_path, rollout_mode="events", rollout_max_inflight=2)
