@@ -2,6 +2,7 @@
 generation: the exactness of the deterministic mode (budget, resume, groups from their own round) holds,
 every started rollout ends exactly once, and the order of events is in the round log."""
 
+import importlib.util
 import json
 import os
 from collections import Counter
@@ -82,3 +83,56 @@ def test_events_mode_is_checked(tmp_path):
         build(tmp_path, rollout_mode="stream")
     with pytest.raises(ValueError, match="rollout_max_inflight"):
         build(tmp_path, rollout_mode="events", rollout_max_inflight=2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_events_through_the_vllm_server(tmp_path):
+    """vLLM server mode: one streamed request per rollout, weights pushed before each round, sampling
+    log-probs kept for the importance-sampling correction, aborted rollouts never reach the loss."""
+    from datasets import Dataset
+    from helpers import build_served_model, make_args
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_alloc.serving import start_server
+    from trl_alloc.trainer import AllocGRPOTrainer
+    from trl_alloc.trainer.trl_compat import patch_trl_vllm_client
+
+    model_dir = str(tmp_path / "tiny")
+    build_served_model(model_dir)
+    with start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}) as server:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
+
+        def first_digit_reward(completions, answer, **kwargs):
+            return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
+
+        budget = 72
+        args = make_args(str(tmp_path / "out"), pacing="uniform", filling="sara", num_rounds=3, rollout_budget=budget,
+                         max_completion_length=8, rollout_mode="events", rollout_max_inflight=8, use_vllm=True,
+                         vllm_mode="server", vllm_server_base_url=server.url, vllm_server_timeout=120,
+                         generation_kwargs=None)
+        with patch_trl_vllm_client(request_timeout=300):
+            trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                                       reward_funcs=first_digit_reward, args=args,
+                                       train_dataset=Dataset.from_list(rows), processing_class=tok)
+        seen, inner = [], trainer._build_loss_batches
+
+        def spy(rows_, groups):
+            seen.append((rows_, groups))
+            return inner(rows_, groups)
+
+        trainer._build_loss_batches = spy
+        trainer.train()
+        client = trainer.vllm_generation.vllm_client
+        assert client.weights_checksum()["num_pushes"] >= trainer.state.global_step
+        spent = budget - trainer.engine.pacer.remaining_responses
+        assert trainer.engine.counters["responses"] == sum(len(r) for r, _ in seen) == spent <= budget
+        assert sum(check_events(e) for e in trainer.engine.round_log) == spent
+        for rows_, groups in seen:
+            for r in rows_:
+                assert len(r["completion_ids"]) <= 8
+                if not r["aborted"]:
+                    assert len(r["sampling_logps"]) == len(r["completion_ids"])
+        loss = trainer._round_loss_rows  # the last round's: no aborted rollout
+        assert all(not r["aborted"] for r in loss)

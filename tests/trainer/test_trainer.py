@@ -222,10 +222,11 @@ def test_bad_dataset_and_pool_errors(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero", ["zero2", "zero3"])
-def test_two_process_deepspeed_ranks_agree(tmp_path, zero):
+@pytest.mark.parametrize("zero,mode", [("zero2", "deterministic"), ("zero3", "deterministic"), ("zero3", "events")])
+def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode):
     """`accelerate launch` with 2 CPU processes: every rank logs the same decisions; budget is exact.
-    probe=1 makes one-row requests, so some ranks have no share (ZeRO-3 pads, ZeRO-2 skips)."""
+    probe=1 makes one-row requests, so some ranks have no share (ZeRO-3 pads, ZeRO-2 skips). In events mode
+    the main process's event round drives batched generation on both ranks."""
     import subprocess
     import sys
 
@@ -235,7 +236,7 @@ def test_two_process_deepspeed_ranks_agree(tmp_path, zero):
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                os.path.join(root, "configs", "accelerate", f"{zero}.yaml"), "--main_process_port", "0",
                os.path.join(root, "tests", "trainer", "dist_smoke.py"), str(out), "cero", "sara",
-               json.dumps({"probe": 1, "commit_min": 3, **extra})]
+               json.dumps({"probe": 1, "commit_min": 3, "rollout_mode": mode, "rollout_max_inflight": 4, **extra})]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-4000:]
