@@ -15,7 +15,7 @@ ALLOWED = {
     "evaluation": {"allocation", "tasks", "rollout", "serving"},
     "trainer": {"allocation", "tasks", "rollout", "serving", "reporting"},
     "reporting": {"allocation"},
-    "benchmarks": {"allocation", "tasks", "evaluation", "trainer"},
+    "benchmarks": {"allocation", "tasks", "evaluation", "trainer", "rollout", "serving"},
     "cli": {"allocation", "tasks", "evaluation", "trainer", "reporting", "rollout", "serving", "benchmarks"},
 }
 

@@ -61,5 +61,25 @@ def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(tmp_path):
             cut = engine.abort(running)
             assert [r.rid for r in cut] == running and cut[0].finish_reason == "abort"
             assert len(cut[0].token_ids) < 120 and engine.in_flight == 0 and engine.next_completed(timeout=1) == []
+
+            # the detection point: a snapshot at 5 tokens while the same stream goes on to the end; one that
+            # finishes before 5 tokens gives none; aborting after the snapshot keeps the tokens generated since
+            going = engine.submit([5, 6, 7], n=2, max_tokens=40, tag="go", detect_at=5)
+            early = engine.submit([8, 9], n=1, max_tokens=3, tag="early", detect_at=5)
+            got = []
+            while engine.in_flight or not got:
+                got += engine.next_completed(timeout=120)
+            snaps = [r for r in got if r.finish_reason == "detect"]
+            final = {r.rid: r for r in got if r.finish_reason != "detect"}
+            assert sorted(r.rid for r in snaps) == sorted(going) and set(final) == set(going + early)
+            for s in snaps:
+                assert len(s.token_ids) == 5 == len(s.logprobs) and final[s.rid].token_ids[:5] == s.token_ids
+                assert len(final[s.rid].token_ids) == 40  # continued in the same request
+            pruned = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="prune", detect_at=5)
+            snap = engine.next_completed(timeout=120)
+            assert [(r.rid, r.finish_reason) for r in snap] == [(pruned[0], "detect")]
+            cut = engine.abort(pruned)
+            assert cut[0].finish_reason == "abort" and 5 <= len(cut[0].token_ids) < 120
+            assert cut[0].token_ids[:5] == snap[0].token_ids and engine.in_flight == 0
         finally:
             engine.close()

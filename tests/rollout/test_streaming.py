@@ -131,5 +131,41 @@ def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(tmp_pa
                 if r.finish_reason == "abort":
                     assert r.tag in sara.abandoned or r.tag not in sara.groups
             assert engine.in_flight == 0 and sum(len(v) for v in by_pid.values()) == driver.spent
+
+            # in-stream pruning at the detection point: the rollouts named at their snapshot are aborted in the
+            # engine and end pruned (spent, no reward, filling their group); the rest run on in their request
+            full = make_filler("full", group_size=4).start_event_round(np.arange(6), budget=24, target_groups=6)
+            doomed = lambda snaps: [r.rid for r in snaps if r.rid % 4 == 0]  # noqa: E731
+            driver = run_round(full, engine, prompts.__getitem__, lambda r: float(r.rid % 2), max_tokens=50,
+                               max_inflight=24, timeout=120, detect_at=6, on_detect=doomed)
+            ended = {r.rid: r for r in driver.ended}
+            assert driver.pruned == {rid for rid in ended if rid % 4 == 0} and len(driver.pruned) == 6
+            for rid, r in ended.items():
+                if rid in driver.pruned:
+                    assert r.finish_reason == "abort" and 6 <= len(r.token_ids) < 50
+                else:
+                    assert r.finish_reason == "length" and len(r.token_ids) == 50
+            assert full.stats()["pruned"] == 6 and full.stats()["aborted"] == 0 and full.spent == 24
+            assert sum(kind == "prune" for kind, _, _ in driver.events) == 6 and len(full.groups) == 6
         finally:
             engine.close()
+
+
+def test_plan_engine_model_reports_gpu_seconds_per_effective_group(capsys):
+    """plan.py's engine table: every method synchronous (and, for an adaptive filler, as events), exact totals."""
+    import argparse
+
+    from trl_alloc.cli.plan import engine_table
+
+    args = argparse.Namespace(prompts=600, rounds=40, budget=8000, unit_size=4, units_per_group=2, capacity=60,
+                              tau_low=0.45, history_decay=1.0, drift=1.5, seed=0, engine_methods="uniform,cero+sara",
+                              engine_rounds=4, engine_seqs=64, step_ms=25.0, length_median=300.0, length_sigma=0.6,
+                              max_tokens=1024, window=64, gpus_per_engine=2)
+    rows = engine_table(args)
+    assert set(rows) == {"uniform sync", "cero+sara sync", "cero+sara events"}
+    for r in rows.values():
+        assert r["rounds"] == 4 and 0 < r["responses"] <= 8000 and r["effective_groups"] > 0
+        assert r["gpu_s_per_eff"] == pytest.approx(2 * r["engine_s"] / r["effective_groups"])
+        assert 0 <= r["idle"] < 1 and r["tokens"] <= r["responses"] * 1024
+    assert rows["cero+sara events"]["engine_s"] < rows["cero+sara sync"]["engine_s"]
+    assert "GPU-s/eff" in capsys.readouterr().out

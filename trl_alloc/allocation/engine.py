@@ -127,6 +127,11 @@ class AllocationEngine:
 
     # ------------------------------------------------------------------ one event-driven round (main process)
     @property
+    def current_round(self):
+        """The filler's open round (None between rounds)."""
+        return self._round
+
+    @property
     def round_done(self):
         return self._round.done
 

@@ -223,11 +223,13 @@ class SARAEventRound(EventRound):
     eq. 3: COMMIT (mixed, n >= commit_min), ABANDON (p_eff < τ_low, eq. 2; its in-flight rollouts are
     aborted) or CONTINUE (a mixed prompt gets the rest of its group at once, an unmixed one its next rollout
     while fewer than n0 of its rollouts are running). A fresh prompt of the stream is admitted, with n0 probes,
-    while the window has room, a whole group of k still fits the budget after reserving k − started for every
-    active prompt, and the groups committed plus those expected from the active prompts (the sum of their
-    p_eff, eq. 2) stay below `overcommit` × target: over-admission keeps the engine full, and what is still
-    running when the target is reached is aborted (spent). Measured on the engine model (docs/benchmarks.md):
-    overcommit 1 leaves ~80% of the engine idle; 1.5 fills it for ~25% more responses."""
+    while the window has room, the budget left covers what the active prompts are expected to still start
+    (k − started, weighted by p_eff) plus k·p_eff of the new one, and the groups committed plus those expected
+    from the active prompts (the sum of their p_eff) stay below `overcommit` × target. (The batched round
+    reserves a whole k per active prompt; as events that would cap what runs at once at budget / k prompts.)
+    Over-admission keeps the engine full; what still runs when the target is reached is aborted (spent), and
+    a mixed prompt the budget cannot complete stays unfinished. Not in the seed: the admission rule is ours;
+    measured on the engine model in docs/benchmarks.md."""
 
     def __init__(self, filler, stream, prior_a, prior_b, budget, target):
         super().__init__(budget)
@@ -238,38 +240,42 @@ class SARAEventRound(EventRound):
         self.decided_at, self.abandon_p = [], []
 
     def _next(self, room):
-        out = []
+        out, left = [], self.budget - self.spent
         for pid in list(self.want):  # continuations first, in the order they were asked for
-            n = min(self.want[pid], room)
+            n = min(self.want[pid], room, left)
             if n:
                 out.append((pid, n))
                 self.active[pid][1] += n
-                room -= n
+                room, left = room - n, left - n
                 self.want[pid] -= n
             if not self.want[pid]:
                 del self.want[pid]
         k = self.f.k
+        expected, need = self._expected()
         cap = self.target * self.f.overcommit
-        while room > 0 and self.next < self.stream.size and len(self.groups) + self._expected() < cap:
-            reserve = sum(k - a[1] for a in self.active.values())
-            if self.spent + sum(n for _, n in out) + reserve + k > self.budget:
+        while room > 0 and self.next < self.stream.size and len(self.groups) + expected < cap:
+            pos = self.next
+            fresh = float(effective_probability(0, 0, k, (self.pa[pos], self.pb[pos])))
+            if left <= 0 or need + k * fresh > left:  # what the active prompts are expected to need, and its group
                 break
-            pid, pos = int(self.stream[self.next]), self.next
+            pid, n = int(self.stream[pos]), min(self.f.probe, room, left)
             self.next += 1
-            n = min(self.f.probe, room)
             self.active[pid] = [pos, n, 0, 0, 0]
             if self.f.probe > n:
                 self.want[pid] = self.f.probe - n
             out.append((pid, n))
-            room -= n
+            room, left = room - n, left - n
+            expected, need = expected + fresh, need + (k - n) * fresh
         return out
 
     def _expected(self):
-        """Groups the active prompts are expected to commit: the sum of their p_eff (eq. 2)."""
+        """Groups the active prompts are expected to commit (the sum of their p_eff, eq. 2), and the rollouts
+        they are expected to still start (k − started, weighted by p_eff)."""
         if not self.active:
-            return 0.0
-        pos, _, n, s, fail = np.asarray(list(self.active.values())).T
-        return float(effective_probability(n, s, self.f.k, (self.pa[pos], self.pb[pos]), fail).sum())
+            return 0.0, 0.0
+        pos, started, n, s, fail = np.asarray(list(self.active.values())).T
+        p = effective_probability(n, s, self.f.k, (self.pa[pos], self.pb[pos]), fail)
+        return float(p.sum()), float(np.sum(p * (self.f.k - started)))
 
     def _on_rollout(self, pid, observed):
         a = self.active.get(pid)

@@ -4,6 +4,12 @@ Defaults are the CERO paper's scale: 8,699 prompts, K = 500 rounds, 256,000 resp
 prompt (g = 4, N_max = 2), C = 132 units. Prints a table per allocator (budget spent, effective
 groups, EGR, responses per effective group, pacing gap, scheduler ms/round, selection lift) and
 writes plan.json and PNG plots to --output_dir.
+
+Then the same fillers on a model of the inference engine (`rollout.simulated`: continuous batching of
+--engine_seqs sequences, one decode step of --step_ms per token, response lengths lognormal with median
+--length_median under the seeds' 2,048-token cap), for the first --engine_rounds rounds, synchronous
+(each call waits for its longest rollout) and as events: engine seconds per round, responses, tokens and
+GPU-seconds per effective group, and the idle share of the engine. GPU-hours, not responses.
 """
 
 import argparse
@@ -42,6 +48,32 @@ def plot(results, args, path):
     fig.savefig(path, dpi=110)
 
 
+def engine_table(args):
+    """The engine-model comparison (module docstring): prints its table, returns its rows."""
+    from trl_alloc.rollout.simulated import simulate_engine
+
+    methods = [m for m in args.engine_methods.split(",") if m]
+    if not methods:
+        return {}
+    rows = {}
+    for method in methods:
+        for events in ((False,) if "+" not in method else (False, True)):  # full groups: one call either way
+            rows[f"{method} {'events' if events else 'sync'}"] = simulate_engine(method, events, args, args.engine_rounds)
+    print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step, lengths median "
+          f"{args.length_median:g} (σ {args.length_sigma:g}) cut at {args.max_tokens}, window {args.window}, "
+          f"first {args.engine_rounds} rounds")
+    cols = ("s/round", "responses/eff", "tokens/eff", "GPU-s/eff", "aborted", "idle")
+    print(f"{'method':<34}" + "".join(f"{c:>15}" for c in cols))
+    for name, r in rows.items():
+        eff = max(r["effective_groups"], 1)
+        r.update({"s_per_round": r["engine_s"] / max(r["rounds"], 1), "responses_per_eff": r["responses"] / eff,
+                  "tokens_per_eff": r["tokens"] / eff, "gpu_s_per_eff": r["engine_s"] * args.gpus_per_engine / eff})
+        vals = (r["s_per_round"], r["responses_per_eff"], r["tokens_per_eff"], r["gpu_s_per_eff"], r["aborted"],
+                r["idle"])
+        print(f"{name:<34}" + "".join(f"{v:>15.2f}" if isinstance(v, float) else f"{v:>15}" for v in vals))
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8699)
@@ -56,8 +88,19 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default="uniform,cero,cero_fixed,cero_preset,cero_greedy,random_matched,"
                         "knapsack,uniform+sara,cero+sara,uniform+dynamic_sampling")
+    parser.add_argument("--engine_methods", default="uniform,uniform+dynamic_sampling,uniform+sara,cero+sara",
+                        help="methods run on the engine model ('' skips it)")
+    parser.add_argument("--engine_rounds", type=int, default=30)
+    parser.add_argument("--engine_seqs", type=int, default=256, help="sequences decoded at once (max_num_seqs)")
+    parser.add_argument("--step_ms", type=float, default=25.0, help="one decode step of the engine")
+    parser.add_argument("--length_median", type=float, default=700.0)
+    parser.add_argument("--length_sigma", type=float, default=0.6)
+    parser.add_argument("--max_tokens", type=int, default=2048)
+    parser.add_argument("--window", type=int, default=None, help="rollouts in flight (default: --engine_seqs)")
+    parser.add_argument("--gpus_per_engine", type=int, default=1)
     parser.add_argument("--output_dir", default="outputs/plan")
     args = parser.parse_args(argv)
+    args.window = args.window or args.engine_seqs
     os.makedirs(args.output_dir, exist_ok=True)
     results, reference = {}, None
     methods = args.methods.split(",")
@@ -74,9 +117,10 @@ def main(argv=None):
     for name, (s, _) in results.items():
         vals = "".join(f"{s[c]:>15.3f}" if isinstance(s[c], float) else f"{s[c]:>15}" for c in cols)
         print(f"{name:<26}{vals}  {s['selection_lift_by_predicted_success']}")
+    engine = engine_table(args)
     with open(os.path.join(args.output_dir, "plan.json"), "w") as f:
         json.dump({"settings": vars(args), "results": {k: {"summary": s, "per_round": r}
-                                                       for k, (s, r) in results.items()}}, f)
+                                                       for k, (s, r) in results.items()}, "engine": engine}, f)
     plot(results, args, os.path.join(args.output_dir, "plan.png"))
     print(f"wrote {args.output_dir}/plan.json and plan.png")
 

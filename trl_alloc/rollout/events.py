@@ -101,9 +101,11 @@ class BatchedRollouts:
 
 
 class VLLMServerRollouts:
-    """Rollouts as concurrent streamed requests to a vLLM OpenAI-compatible server (trl-alloc-serve)."""
+    """Rollouts as concurrent streamed requests to a vLLM OpenAI-compatible server (trl-alloc-serve). With
+    `seed`, rollout i is sampled with seed + i; without, the server's generator decides (vLLM on CPU fails on
+    seeded requests whose prompt is prefilled in chunks: "CPU Generator does not use offset")."""
 
-    def __init__(self, base_url, model=None, temperature=1.0, top_p=1.0, top_k=0, seed=0, max_inflight=64,
+    def __init__(self, base_url, model=None, temperature=1.0, top_p=1.0, top_k=0, seed=None, max_inflight=64,
                  request_timeout=600.0, extra=None):
         import requests
 
@@ -117,7 +119,7 @@ class VLLMServerRollouts:
         self.body = {"model": model, "temperature": float(temperature), "top_p": float(top_p),
                      "top_k": int(top_k) if top_k else -1, "n": 1, "stream": True, "return_token_ids": True,
                      "logprobs": 0, **(extra or {})}
-        self.seed, self.request_timeout = int(seed), request_timeout
+        self.seed, self.request_timeout = seed, request_timeout
         self._ids, self._pool = itertools.count(), ThreadPoolExecutor(max_workers=int(max_inflight))
         self._done, self._live, self._lock = queue.Queue(), {}, threading.Lock()
 
@@ -126,11 +128,15 @@ class VLLMServerRollouts:
         with self._lock:
             return len(self._live)
 
-    def submit(self, prompt_ids, n=1, max_tokens=16, tag=None):
+    def submit(self, prompt_ids, n=1, max_tokens=16, tag=None, detect_at=None):
+        """`detect_at`: when a rollout has that many tokens and is still running, a snapshot of it (finish
+        reason "detect") is delivered too, while the stream goes on: abort it to stop it there (ARROL's
+        pruning), or let it continue, with no second request and no second prefill."""
         rids = []
         for _ in range(int(n)):
             rid = next(self._ids)
             r = Rollout(rid, tag, list(map(int, prompt_ids)), int(max_tokens), logprobs=[])
+            r.info["detect_at"] = detect_at
             cancel = threading.Event()
             with self._lock:
                 self._live[rid] = (r, cancel)
@@ -139,7 +145,9 @@ class VLLMServerRollouts:
         return rids
 
     def _stream(self, r, cancel):
-        body = {**self.body, "prompt": r.prompt_ids, "max_tokens": r.max_tokens, "seed": self.seed + r.rid}
+        body = {**self.body, "prompt": r.prompt_ids, "max_tokens": r.max_tokens}
+        if self.seed is not None:  # (vLLM CPU 0.32 fails on a seeded request whose prefill is chunked)
+            body["seed"] = int(self.seed) + r.rid
         try:
             with self.session.post(self.url, json=body, stream=True, timeout=self.request_timeout) as resp:
                 resp.raise_for_status()
@@ -149,11 +157,20 @@ class VLLMServerRollouts:
                         break  # closing the stream makes the server abort the request
                     if not line.startswith(b"data: ") or line == b"data: [DONE]":
                         continue
-                    choice = json.loads(line[6:])["choices"][0]
+                    payload = json.loads(line[6:])
+                    if "choices" not in payload:  # an error reported inside the stream
+                        raise RuntimeError(f"the server reported {payload.get('error', payload)}")
+                    choice = payload["choices"][0]
                     r.token_ids += choice.get("token_ids") or []
                     top = (choice.get("logprobs") or {}).get("token_logprobs") or []
                     r.logprobs += [float("nan") if x is None else float(x) for x in top]
                     r.finish_reason = choice.get("finish_reason") or r.finish_reason
+                    at = r.info.get("detect_at")
+                    if at and not r.info.get("detected") and len(r.token_ids) >= at and (
+                            r.finish_reason is None or len(r.token_ids) > at):
+                        r.info["detected"] = True  # the detection point: a snapshot, the stream goes on
+                        self._done.put(Rollout(r.rid, r.tag, r.prompt_ids, r.max_tokens, r.token_ids[:at],
+                                               r.logprobs[:at], "detect", {"detect_at": at}))
         except Exception as exc:  # noqa: BLE001 -- delivered to the caller, not lost in a thread
             r.finish_reason = r.finish_reason or f"error: {type(exc).__name__}: {exc}"
         with self._lock:
@@ -181,8 +198,10 @@ class VLLMServerRollouts:
         wanted, out, held = {r.rid for r, _ in live}, [], []
         while wanted:
             r = self._done.get(timeout=self.request_timeout)
-            (out if r.rid in wanted else held).append(r)
-            wanted.discard(r.rid)
+            final = r.rid in wanted and r.finish_reason != "detect"
+            (out if final else held).append(r)
+            if final:
+                wanted.discard(r.rid)
         for r in held:  # others that finished meanwhile stay for next_completed
             self._done.put(r)
         return out

@@ -8,6 +8,8 @@ its `max_tokens`) and its success, reported in `Rollout.info["success"]`. `busy`
 `idle_fraction` is the share of the engine's slots left empty while the clock ran.
 """
 
+import collections
+import heapq
 import itertools
 
 import numpy as np
@@ -20,7 +22,9 @@ class SimulatedRollouts:
         self.outcome, self.slots, self.step_s = outcome, int(max_num_seqs), float(step_s)
         self.rng = np.random.default_rng(seed)
         self._ids = itertools.count()
-        self.waiting, self.running = [], {}  # running: rid -> [rollout, tokens left]
+        self.waiting = collections.deque()
+        self.running = {}  # rid -> (rollout, step it started)
+        self._ends = []    # heap of (end step, rid) of running rollouts
         self.steps = self.busy = 0
 
     @property
@@ -40,7 +44,7 @@ class SimulatedRollouts:
         for _ in range(int(n)):
             r = Rollout(next(self._ids), tag, list(prompt_ids), int(max_tokens))
             length, success = self.outcome(tag, self.rng)
-            r.info = {"length": min(int(length), r.max_tokens), "success": float(success),
+            r.info = {"length": max(min(int(length), r.max_tokens), 1), "success": float(success),
                       "truncated": int(length) > r.max_tokens}
             self.waiting.append(r)
             rids.append(r.rid)
@@ -49,22 +53,26 @@ class SimulatedRollouts:
 
     def _admit(self):
         while self.waiting and len(self.running) < self.slots:
-            r = self.waiting.pop(0)
-            self.running[r.rid] = [r, max(r.info["length"], 1)]
+            r = self.waiting.popleft()
+            if r.finish_reason == "abort":  # aborted while waiting
+                continue
+            self.running[r.rid] = (r, self.steps)
+            heapq.heappush(self._ends, (self.steps + r.info["length"], r.rid))
 
     def next_completed(self, timeout=None):
         """Advance the clock to the next step at which a rollout ends; return the rollouts ending then."""
-        if not self.running:
+        while self._ends and self._ends[0][1] not in self.running:  # (aborted)
+            heapq.heappop(self._ends)
+        if not self._ends:
             return []
-        dt = min(left for _, left in self.running.values())
-        self.steps += dt
-        self.busy += dt * len(self.running)
+        end = self._ends[0][0]
+        self.busy += (end - self.steps) * len(self.running)
+        self.steps = end
         out = []
-        for rid in list(self.running):
-            r, left = self.running[rid]
-            self.running[rid][1] = left - dt
-            if left == dt:
-                del self.running[rid]
+        while self._ends and self._ends[0][0] == end:
+            _, rid = heapq.heappop(self._ends)
+            if rid in self.running:
+                r, _ = self.running.pop(rid)
                 r.token_ids = [0] * r.info["length"]
                 r.finish_reason = "length" if r.info["truncated"] else "stop"
                 out.append(r)
@@ -72,25 +80,64 @@ class SimulatedRollouts:
         return out
 
     def abort(self, rids):
-        out = []
+        out, waiting = [], {w.rid: w for w in self.waiting if w.finish_reason is None}
         for rid in rids:
             if rid in self.running:
-                r, left = self.running.pop(rid)
-                r.token_ids = [0] * (max(r.info["length"], 1) - left)
+                r, started = self.running.pop(rid)
+                r.token_ids = [0] * (self.steps - started)
+            elif rid in waiting:
+                r = waiting[rid]
             else:
-                match = [w for w in self.waiting if w.rid == rid]
-                if not match:
-                    continue
-                r = match[0]
-                self.waiting.remove(r)
+                continue
             r.finish_reason = "abort"
             out.append(r)
+        self.waiting = collections.deque(w for w in self.waiting if w.finish_reason is None)
         self._admit()
         return out
 
     def close(self):
         self.waiting.clear()
         self.running.clear()
+        self._ends.clear()
 
 
-__all__ = ["SimulatedRollouts"]
+def simulate_engine(method, events, args, rounds):
+    """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model, synchronously (each
+    filler call submitted whole and decided when its last rollout ends) or as events; the pool is
+    `allocation.simulate.DriftingPool`, response lengths lognormal (median `args.length_median`, σ
+    `args.length_sigma`) cut at `args.max_tokens`. Returns engine seconds, responses, tokens, effective groups
+    and the idle share of the engine's slots."""
+    from ..allocation.event_rounds import BatchedEventRound
+    from ..allocation.pipeline import round_arguments
+    from ..allocation.simulate import DriftingPool, build_method
+    from .streaming import run_round
+
+    pacer, filler, filling = build_method(method, args)
+    k = args.units_per_group * args.unit_size
+    pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
+    total = dict.fromkeys(("engine_s", "responses", "tokens", "aborted", "effective_groups", "busy", "slots"), 0)
+    for i in range(rounds):
+        if pacer.finished:
+            break
+        kw = round_arguments(pacer, pacer.propose(), filling, k, history_decay=args.history_decay)
+        rnd = filler.start_event_round(**kw) if events else BatchedEventRound(filler.start_round(**kw))
+        p = pool.success_rate()
+
+        def outcome(pid, rng):
+            return rng.lognormal(np.log(args.length_median), args.length_sigma), rng.random() < p[pid]
+
+        engine = SimulatedRollouts(outcome, args.engine_seqs, args.step_ms / 1e3, seed=[args.seed, i])
+        driver = run_round(rnd, engine, lambda pid: [], lambda r: r.info["success"], args.max_tokens,
+                           max_inflight=args.window or None)
+        pacer.update(*rnd.outcomes(pacer.num_prompts))
+        pool.step(rnd)
+        for key, value in (("engine_s", engine.clock_s), ("responses", driver.spent), ("tokens", driver.tokens),
+                           ("aborted", driver.aborted), ("effective_groups", rnd.stats()["effective_groups"]),
+                           ("busy", engine.busy), ("slots", engine.steps * engine.slots)):
+            total[key] += value
+    total["rounds"] = i + 1 if rounds else 0
+    total["idle"] = 1.0 - total.pop("busy") / max(total.pop("slots"), 1)
+    return total
+
+
+__all__ = ["SimulatedRollouts", "simulate_engine"]

@@ -9,8 +9,12 @@ what it no longer wants (an abandoned prompt's siblings, everything once the rou
 
 Accounting (exact): a rollout is spent when it is started (aborted ones included), so the round's budget
 holds at every moment, in-flight rollouts included; every generated token is counted, an aborted rollout's
-too; every started rollout ends exactly once. `events` records ("submit" | "done" | "abort", prompt id,
-rollout id) in the order they happened, for the round log.
+too; every started rollout ends exactly once. `events` records ("submit" | "prune" | "done" | "abort",
+prompt id, rollout id) in the order they happened, for the round log.
+
+In-stream pruning (ARROL's detection point, on backends that support it): with `detect_at`, each rollout
+still running at that many tokens is handed to `on_detect` as a snapshot; the rollouts it names are aborted
+in the engine and end as pruned (spent, no reward), the others go on in the same request.
 """
 
 import time
@@ -20,8 +24,11 @@ class RoundDriver:
     """Runs one event round. `allocator`: an `AllocationEngine` whose round was started with `events=True`,
     or an event round itself (both have `submissions`, `observe_rollouts`, `done`)."""
 
-    def __init__(self, allocator, rollouts, prompt_ids_of, max_tokens, max_inflight=None, timeout=None):
+    def __init__(self, allocator, rollouts, prompt_ids_of, max_tokens, max_inflight=None, timeout=None,
+                 detect_at=None, on_detect=None):
         self.allocator, self.rollouts, self.prompt_ids_of = allocator, rollouts, prompt_ids_of
+        # in-stream pruning: `on_detect(snapshots)` -> rollout ids to prune, for rollouts at `detect_at` tokens
+        self.detect_at, self.on_detect, self.pruned = detect_at, on_detect, set()
         self.max_tokens, self.timeout = int(max_tokens), timeout
         self.window = None if max_inflight is None else int(max_inflight)
         self.live, self.events, self.ended = {}, [], []  # live: rollout id -> prompt id
@@ -38,7 +45,9 @@ class RoundDriver:
         if room <= 0:
             return
         for pid, n in self.allocator.submissions(room):
-            for rid in self.rollouts.submit(self.prompt_ids_of(pid), n=n, max_tokens=self.max_tokens, tag=pid):
+            extra = {"detect_at": self.detect_at} if self.detect_at else {}
+            for rid in self.rollouts.submit(self.prompt_ids_of(pid), n=n, max_tokens=self.max_tokens, tag=pid,
+                                            **extra):
                 self.live[rid] = pid
                 self.events.append(("submit", pid, rid))
             self.spent += n
@@ -61,6 +70,15 @@ class RoundDriver:
             if not batch:
                 raise TimeoutError(f"no rollout ended within {self.timeout} s ({len(self.live)} in flight); is the "
                                    "inference server alive? (raise the timeout for long generations)")
+        snapshots = [r for r in batch if r.finish_reason == "detect"]
+        if snapshots:  # the detection point: prune (abort in the engine) or let the stream go on
+            batch = [r for r in batch if r.finish_reason != "detect"]
+            for rid in self.on_detect(snapshots) if self.on_detect else ():
+                self.pruned.add(rid)
+                self.events.append(("prune", self.live[rid], rid))
+                self._held.extend(self.rollouts.abort([rid]))
+            if not batch:
+                return self.poll()
         for r in batch:
             self.live.pop(r.rid, None)
         self._batch = batch
@@ -72,7 +90,8 @@ class RoundDriver:
             raise ValueError(f"`observe` needs one row per polled rollout ({len(self._batch)}), got {len(rows)}.")
         for r, row in zip(self._batch, rows):
             cut = r.finish_reason == "abort"
-            row["aborted"] = cut
+            row["pruned"] = cut and r.rid in self.pruned  # pruned at the detection point: spent, no reward
+            row["aborted"] = cut and not row["pruned"]
             self.events.append(("abort" if cut else "done", r.tag, r.rid))
             self.tokens += len(row.get("completion_ids", r.token_ids))  # (the caller's, if it generated them)
             self.aborted += int(cut)
@@ -88,10 +107,11 @@ class RoundDriver:
                 self._held.append(r)
 
 
-def run_round(allocator, rollouts, prompt_ids_of, success, max_tokens, max_inflight=None, timeout=None):
+def run_round(allocator, rollouts, prompt_ids_of, success, max_tokens, max_inflight=None, timeout=None,
+              detect_at=None, on_detect=None):
     """Run a whole event round with `success(rollout)` -> 1.0, 0.0 or NaN as the score; returns the driver
-    (its `ended` rollouts, `events`, `spent`, `tokens`, `aborted`)."""
-    driver = RoundDriver(allocator, rollouts, prompt_ids_of, max_tokens, max_inflight, timeout)
+    (its `ended` rollouts, `events`, `spent`, `tokens`, `aborted`, `pruned`)."""
+    driver = RoundDriver(allocator, rollouts, prompt_ids_of, max_tokens, max_inflight, timeout, detect_at, on_detect)
     while (batch := driver.poll()) is not None:
         driver.observe([{"pid": r.tag, "success": float("nan") if r.finish_reason == "abort" else float(success(r))}
                         for r in batch])

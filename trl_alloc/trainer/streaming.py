@@ -12,8 +12,6 @@ generation step across the ranks (`BatchedRollouts` without a generate function)
 is reproducible. The order of events goes to the round log.
 """
 
-import numpy as np
-
 from ..rollout.events import BatchedRollouts, VLLMServerRollouts
 from ..rollout.streaming import RoundDriver
 from .trl_compat import sync_vllm_weights, tokenize_prompts, vllm_server_url
@@ -43,14 +41,13 @@ class EventRoundMixin:
         """Most rollouts in flight at once: `rollout_max_inflight`, else the generation batch."""
         return self.args.rollout_max_inflight or self.args.generation_batch_size
 
-    def _rollout_engine(self, round_index):
+    def _rollout_engine(self):
         args = self.args
         if not self.use_vllm:
             return BatchedRollouts()
         extra = {k: v for k, v in (("min_p", args.min_p), ("repetition_penalty", args.repetition_penalty)) if v}
-        seed = int(np.random.SeedSequence([args.seed, round_index]).generate_state(1)[0] % 2**31)
         return VLLMServerRollouts(vllm_server_url(self), temperature=args.temperature, top_p=args.top_p,
-                                  top_k=args.top_k or 0, seed=seed, max_inflight=self.rollout_window,
+                                  top_k=args.top_k or 0, max_inflight=self.rollout_window,
                                   request_timeout=args.vllm_server_timeout, extra=extra)
 
     def _run_event_round(self):
@@ -65,7 +62,7 @@ class EventRoundMixin:
             return cache[pid]
 
         if self.accelerator.is_main_process:
-            driver = RoundDriver(self.engine, self._rollout_engine(self.engine.counters["rounds"]), prompt_ids_of,
+            driver = RoundDriver(self.engine, self._rollout_engine(), prompt_ids_of,
                                  self.args.max_completion_length, self.rollout_window,
                                  timeout=self.args.vllm_server_timeout if self.use_vllm else None)
         rows = []
