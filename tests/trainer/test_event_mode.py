@@ -136,3 +136,27 @@ def test_events_through_the_vllm_server(tmp_path):
                     assert len(r["sampling_logps"]) == len(r["completion_ids"])
         loss = trainer._round_loss_rows  # the last round's: no aborted rollout
         assert all(not r["aborted"] for r in loss)
+
+
+def test_events_keep_arrol_two_phase_pruning_with_transformers_generation(tmp_path):
+    """Without vLLM the pending rollouts are one two-phase request: pruned rows stay pruned (spent, no reward,
+    never in the loss), and the budget is exact."""
+    seen = []
+    trainer = build(tmp_path, pacing="uniform", filling="sara", pruning="arrol", detect_length=2,
+                    max_completion_length=6, cold_start_steps=1, head_hidden_size=16, num_generations=8,
+                    per_device_train_batch_size=16, num_rounds=4, rollout_mode="events", rollout_max_inflight=16,
+                    generation_kwargs={"sequence_bias": [[[1], 1.5]]})
+    inner = trainer._build_loss_batches
+
+    def spy(rows, groups):
+        seen.append((rows, groups))
+        return inner(rows, groups)
+
+    trainer._build_loss_batches = spy
+    trainer.train()
+    rows = [r for rs, _ in seen for r in rs]
+    pruned = [r for r in rows if r["pruned"]]
+    assert pruned and all(len(r["completion_ids"]) == 2 for r in pruned)  # cut at detect_length
+    assert sum(h["pruned"] for h in trainer.engine.history) == len(pruned) == trainer.pruner.totals["pruned"]
+    assert trainer.engine.counters["responses"] == len(rows) == sum(check_events(e) for e in trainer.engine.round_log)
+    assert all(not r["pruned"] for r in trainer._round_loss_rows)

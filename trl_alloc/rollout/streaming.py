@@ -90,8 +90,9 @@ class RoundDriver:
             raise ValueError(f"`observe` needs one row per polled rollout ({len(self._batch)}), got {len(rows)}.")
         for r, row in zip(self._batch, rows):
             cut = r.finish_reason == "abort"
-            row["pruned"] = cut and r.rid in self.pruned  # pruned at the detection point: spent, no reward
-            row["aborted"] = cut and not row["pruned"]
+            at_detection = cut and r.rid in self.pruned  # pruned at the detection point: spent, no reward
+            row["pruned"] = bool(row.get("pruned")) or at_detection  # (or by the caller's own two-phase pruning)
+            row["aborted"] = cut and not at_detection
             self.events.append(("abort" if cut else "done", r.tag, r.rid))
             self.tokens += len(row.get("completion_ids", r.token_ids))  # (the caller's, if it generated them)
             self.aborted += int(cut)

@@ -51,7 +51,7 @@ class EventRoundMixin:
                                   request_timeout=args.vllm_server_timeout, extra=extra)
 
     def _run_event_round(self):
-        """Returns the round's rows (every rank) and its events (main process; None elsewhere)."""
+        """The round's rows and its log (the order of events, seconds waited on the engine), on every rank."""
         if self.use_vllm:
             sync_vllm_weights(self)
         driver, cache = None, {}
