@@ -142,7 +142,7 @@ def test_events_keep_arrol_two_phase_pruning_with_transformers_generation(tmp_pa
     """Without vLLM the pending rollouts are one two-phase request: pruned rows stay pruned (spent, no reward,
     never in the loss), and the budget is exact."""
     seen = []
-    trainer = build(tmp_path, pacing="uniform", filling="sara", pruning="arrol", detect_length=2,
+    trainer = build(tmp_path, pacing="uniform", filling="full", pruning="arrol", detect_length=2,
                     max_completion_length=6, cold_start_steps=1, head_hidden_size=16, num_generations=8,
                     per_device_train_batch_size=16, num_rounds=4, rollout_mode="events", rollout_max_inflight=16,
                     generation_kwargs={"sequence_bias": [[[1], 1.5]]})
