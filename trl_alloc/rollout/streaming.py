@@ -70,10 +70,10 @@ class RoundDriver:
             if not batch:
                 raise TimeoutError(f"no rollout ended within {self.timeout} s ({len(self.live)} in flight); is the "
                                    "inference server alive? (raise the timeout for long generations)")
-        snapshots = [r for r in batch if r.finish_reason == "detect"]
-        if snapshots:  # the detection point: prune (abort in the engine) or let the stream go on
+        if any(r.finish_reason == "detect" for r in batch):  # the detection point: prune (abort) or go on
+            snapshots = [r for r in batch if r.finish_reason == "detect" and r.rid in self.live]
             batch = [r for r in batch if r.finish_reason != "detect"]
-            for rid in self.on_detect(snapshots) if self.on_detect else ():
+            for rid in self.on_detect(snapshots) if self.on_detect and snapshots else ():
                 self.pruned.add(rid)
                 self.events.append(("prune", self.live[rid], rid))
                 self._held.extend(self.rollouts.abort([rid]))
@@ -95,7 +95,7 @@ class RoundDriver:
             row["aborted"] = cut and not at_detection
             self.events.append(("abort" if cut else "done", r.tag, r.rid))
             self.tokens += len(row.get("completion_ids", r.token_ids))  # (the caller's, if it generated them)
-            self.aborted += int(cut)
+            self.aborted += int(row["aborted"])
             self.ended.append(r)
         self._batch = []
         cancelled = set(self.allocator.observe_rollouts(rows))
