@@ -169,3 +169,18 @@ def test_plan_engine_model_reports_gpu_seconds_per_effective_group(capsys):
         assert 0 <= r["idle"] < 1 and r["tokens"] <= r["responses"] * 1024
     assert rows["cero+sara events"]["engine_s"] < rows["cero+sara sync"]["engine_s"]
     assert "GPU-s/eff" in capsys.readouterr().out
+
+
+def test_a_rollout_the_server_cannot_generate_fails_the_round_clearly():
+    """No server at the URL: each streamed request fails, and the round stops with the engine's error."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free, nothing listens
+    engine = VLLMServerRollouts(f"http://127.0.0.1:{port}", model="m", request_timeout=5)
+    try:
+        with pytest.raises(RuntimeError, match="failed in the rollout engine: ConnectionError"):
+            run_round(ds_round(8, 2, 1), engine, lambda pid: [1, 2], lambda r: 1.0, max_tokens=4, timeout=30)
+    finally:
+        engine.close()

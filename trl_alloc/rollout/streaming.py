@@ -70,6 +70,10 @@ class RoundDriver:
             if not batch:
                 raise TimeoutError(f"no rollout ended within {self.timeout} s ({len(self.live)} in flight); is the "
                                    "inference server alive? (raise the timeout for long generations)")
+        failed = [r for r in batch if (r.finish_reason or "").startswith("error")]
+        if failed:  # a rollout the engine could not generate: the round cannot be decided on
+            raise RuntimeError(f"rollout {failed[0].rid} (prompt {failed[0].tag}) failed in the rollout engine: "
+                               f"{failed[0].finish_reason[len('error: '):]}")
         if any(r.finish_reason == "detect" for r in batch):  # the detection point: prune (abort) or go on
             snapshots = [r for r in batch if r.finish_reason == "detect" and r.rid in self.live]
             batch = [r for r in batch if r.finish_reason != "detect"]

