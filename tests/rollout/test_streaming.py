@@ -118,15 +118,19 @@ def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(tmp_pa
             assert engine.in_flight == 0 and engine.next_completed(timeout=1) == []
             assert all(len(r.token_ids) < 60 for r in driver.ended if r.finish_reason == "abort")
 
-            # SARA as events: a prompt that never succeeds is abandoned while its sibling still runs (aborted);
-            # prompts whose rollouts alternate are committed at k; exact accounting throughout
+            # SARA as events: a prompt that never succeeds is abandoned (an in-flight sibling is aborted); prompts
+            # whose rollouts alternate are committed at k; exact accounting throughout
             sara = make_filler("sara", group_size=4, probe=2, tau_low=0.45).start_event_round(
                 np.arange(1000), budget=80, target_groups=3)
             score = lambda r: 0.0 if r.tag % 2 == 0 else float(r.rid % 2)  # noqa: E731
             driver = run_round(sara, engine, prompts.__getitem__, score, max_tokens=60, max_inflight=12, timeout=120)
             by_pid = check_accounting(driver, sara, 80, 4, 60, success=score)
-            assert sara.abandoned and all(pid % 2 == 0 for pid in sara.abandoned)
-            assert all(pid % 2 == 1 for pid in sara.groups)
+            assert sara.abandoned and all(pid % 2 == 1 for pid in sara.groups)  # even prompts never mix
+            # eq. 3 abandons unmixed prompts only (an odd prompt can be one: when the window splits its probes,
+            # its rollout ids may share a parity)
+            for pid in sara.abandoned:
+                seen = {score(r) for r in by_pid[pid] if r.finish_reason != "abort"}
+                assert len(seen) <= 1, (pid, seen)
             for r in driver.ended:  # every aborted rollout belongs to a decided prompt or came after the target
                 if r.finish_reason == "abort":
                     assert r.tag in sara.abandoned or r.tag not in sara.groups
