@@ -13,7 +13,7 @@ import requests
 from ..allocation.engine import AllocationEngine
 from ..allocation.event_rounds import BatchedEventRound
 from ..rollout.events import VLLMServerRollouts
-from ..rollout.streaming import RoundDriver
+from ..rollout.streaming import run_round
 
 # name -> (pacing, filling, events)
 ROLLOUT_METHODS = {
@@ -70,7 +70,7 @@ def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_promp
     """`rounds` rounds of `method` (a ROLLOUT_METHODS name) on the server; the policy stays fixed.
 
     config: an `AllocGRPOConfig` with the method's pacing and filling; prompt_ids_of(pid) -> token ids;
-    score(rollouts) -> success per rollout (1/0). Returns per-round figures and the engine's occupancy."""
+    score(rollout) -> its success (1/0). Returns per-round figures and the engine's occupancy."""
     _, _, events = ROLLOUT_METHODS[method]
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": "none"}
     engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan)
@@ -85,14 +85,10 @@ def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_promp
             allocator = engine if events else BatchedEventRound(engine.current_round)
             rollouts = VLLMServerRollouts(base_url, temperature=config.temperature, top_p=config.top_p,
                                           max_inflight=window, request_timeout=600)
-            driver = RoundDriver(allocator, rollouts, prompt_ids_of, config.max_completion_length, window,
-                                 timeout=600)
             monitor.active = True
             try:
-                while (batch := driver.poll()) is not None:
-                    ok = score(batch)
-                    driver.observe([{"pid": r.tag, "success": float("nan") if r.finish_reason == "abort" else s}
-                                    for r, s in zip(batch, ok)])
+                driver = run_round(allocator, rollouts, prompt_ids_of, score, config.max_completion_length, window,
+                                   timeout=600)
             finally:
                 monitor.active = False
                 rollouts.close()

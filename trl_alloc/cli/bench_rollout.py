@@ -99,16 +99,12 @@ def main(argv=None):
             return list(tok.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"])
         return tok(prompt)["input_ids"]
 
-    def score(batch):
-        done = [r for r in batch if r.finish_reason != "abort"]
-        if not done:
-            return [float("nan")] * len(batch)
-        texts = tok.batch_decode([r.token_ids for r in done], skip_special_tokens=True)
-        got = reward(prompts=[ds[int(r.tag)]["prompt"] for r in done],
-                     completions=[[{"role": "assistant", "content": t}] if chat else t for t in texts],
-                     answer=[ds[int(r.tag)]["answer"] for r in done])
-        it = iter(got)
-        return [float("nan") if r.finish_reason == "abort" else float(next(it) >= 0.5) for r in batch]
+    def score(rollout):
+        text = tok.decode(rollout.token_ids, skip_special_tokens=True)
+        row = ds[int(rollout.tag)]
+        got = reward(prompts=[row["prompt"]], completions=[[{"role": "assistant", "content": text}] if chat else text],
+                     answer=[row["answer"]])
+        return float(got[0] >= 0.5)
 
     server = (contextlib.nullcontext(type("S", (), {"url": args.server_url})) if args.server_url else
               start_server(model_dir, timeout=900, gpu_memory_utilization=args.gpu_memory_utilization,

@@ -14,7 +14,11 @@ import itertools
 
 import numpy as np
 
+from ..allocation.event_rounds import BatchedEventRound
+from ..allocation.pipeline import round_arguments
+from ..allocation.simulate import DriftingPool, build_method
 from .events import Rollout
+from .streaming import run_round
 
 
 class SimulatedRollouts:
@@ -107,11 +111,6 @@ def simulate_engine(method, events, args, rounds):
     `allocation.simulate.DriftingPool`, response lengths lognormal (median `args.length_median`, σ
     `args.length_sigma`) cut at `args.max_tokens`. Returns engine seconds, responses, tokens, effective groups
     and the idle share of the engine's slots."""
-    from ..allocation.event_rounds import BatchedEventRound
-    from ..allocation.pipeline import round_arguments
-    from ..allocation.simulate import DriftingPool, build_method
-    from .streaming import run_round
-
     pacer, filler, filling = build_method(method, args)
     k = args.units_per_group * args.unit_size
     pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
