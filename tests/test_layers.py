@@ -11,7 +11,7 @@ ALLOWED = {
     "allocation": set(),
     "serving": set(),
     "tasks": {"allocation"},
-    "rollout": {"allocation"},
+    "rollout": {"allocation", "serving"},
     "evaluation": {"allocation", "tasks", "rollout", "serving"},
     "trainer": {"allocation", "tasks", "rollout", "serving", "reporting"},
     "reporting": {"allocation"},

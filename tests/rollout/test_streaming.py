@@ -139,9 +139,20 @@ def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(tmp_pa
             # in-stream pruning at the detection point: the rollouts named at their snapshot are aborted in the
             # engine and end pruned (spent, no reward, filling their group); the rest run on in their request
             full = make_filler("full", group_size=4).start_event_round(np.arange(6), budget=24, target_groups=6)
-            doomed = lambda snaps: [r.rid for r in snaps if r.rid % 4 == 0]  # noqa: E731
+            calls = []
+
+            def doomed(snaps):  # decided a whole cohort (one submission: a prompt's 4 rollouts) at a time
+                calls.append(sorted(r.rid for r in snaps))
+                return [r.rid for r in snaps if r.rid % 4 == 0]
+
             driver = run_round(full, engine, prompts.__getitem__, lambda r: float(r.rid % 2), max_tokens=50,
                                max_inflight=24, timeout=120, detect_at=6, on_detect=doomed)
+            cohorts = sorted(rid for call in calls for rid in call)
+            assert cohorts == sorted(r.rid for r in driver.ended)  # every rollout's snapshot, exactly once
+            base = cohorts[0]
+            for call in calls:  # whole cohorts only: rollouts base + 4c .. base + 4c + 3 were one submission
+                whole = {(rid - base) // 4 for rid in call}
+                assert call == sorted(base + 4 * c + j for c in whole for j in range(4)), calls
             ended = {r.rid: r for r in driver.ended}
             assert driver.pruned == {rid for rid in ended if rid % 4 == 0} and len(driver.pruned) == 6
             for rid, r in ended.items():

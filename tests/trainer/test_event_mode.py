@@ -107,35 +107,50 @@ def test_events_through_the_vllm_server(tmp_path):
         def first_digit_reward(completions, answer, **kwargs):
             return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
 
-        budget = 72
-        args = make_args(str(tmp_path / "out"), pacing="uniform", filling="sara", num_rounds=3, rollout_budget=budget,
-                         max_completion_length=8, rollout_mode="events", rollout_max_inflight=8, use_vllm=True,
-                         vllm_mode="server", vllm_server_base_url=server.url, vllm_server_timeout=120,
-                         generation_kwargs=None)
-        with patch_trl_vllm_client(request_timeout=300):
-            trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
-                                       reward_funcs=first_digit_reward, args=args,
-                                       train_dataset=Dataset.from_list(rows), processing_class=tok)
-        seen, inner = [], trainer._build_loss_batches
+        def run(name, budget, **kw):
+            args = make_args(str(tmp_path / name), num_rounds=3, rollout_budget=budget, max_completion_length=8,
+                             rollout_mode="events", rollout_max_inflight=8, use_vllm=True, vllm_mode="server",
+                             vllm_server_base_url=server.url, vllm_server_timeout=120, generation_kwargs=None, **kw)
+            with patch_trl_vllm_client(request_timeout=300):
+                trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                                           reward_funcs=first_digit_reward, args=args,
+                                           train_dataset=Dataset.from_list(rows), processing_class=tok)
+            seen, inner = [], trainer._build_loss_batches
 
-        def spy(rows_, groups):
-            seen.append((rows_, groups))
-            return inner(rows_, groups)
+            def spy(rows_, groups):
+                seen.append((rows_, groups))
+                return inner(rows_, groups)
 
-        trainer._build_loss_batches = spy
-        trainer.train()
-        client = trainer.vllm_generation.vllm_client
-        assert client.weights_checksum()["num_pushes"] >= trainer.state.global_step
-        spent = budget - trainer.engine.pacer.remaining_responses
-        assert trainer.engine.counters["responses"] == sum(len(r) for r, _ in seen) == spent <= budget
-        assert sum(check_events(e) for e in trainer.engine.round_log) == spent
-        for rows_, groups in seen:
-            for r in rows_:
-                assert len(r["completion_ids"]) <= 8
-                if not r["aborted"]:
-                    assert len(r["sampling_logps"]) == len(r["completion_ids"])
-        loss = trainer._round_loss_rows  # the last round's: no aborted rollout
-        assert all(not r["aborted"] for r in loss)
+            trainer._build_loss_batches = spy
+            trainer.train()
+            client = trainer.vllm_generation.vllm_client
+            assert client.weights_checksum()["num_pushes"] >= trainer.state.global_step
+            spent = budget - trainer.engine.pacer.remaining_responses
+            assert trainer.engine.counters["responses"] == sum(len(r) for r, _ in seen) == spent <= budget
+            assert sum(check_events(e) for e in trainer.engine.round_log) == spent
+            for rows_, groups in seen:
+                for r in rows_:
+                    assert len(r["completion_ids"]) <= 8
+                    if not (r["aborted"] or r["pruned"]):
+                        assert len(r["sampling_logps"]) == len(r["completion_ids"])
+            loss = trainer._round_loss_rows  # the last round's: no aborted or pruned rollout
+            assert all(not r["aborted"] and not r["pruned"] for r in loss)
+            return trainer, [r for rs, _ in seen for r in rs]
+
+        run("sara", 72, pacing="uniform", filling="sara")
+
+        # ARROL in the stream: the head goes to the server with the weights, the worker scores each rollout at
+        # detect_length, pruned rollouts are aborted there (spent, no reward, never in the loss)
+        trainer, seen = run("arrol", 48, pacing="uniform", filling="full", pruning="arrol", detect_length=2,
+                            cold_start_steps=1, head_hidden_size=16, keep_ratio=0.5, per_device_train_batch_size=16)
+        pruned = [r for r in seen if r["pruned"]]
+        prunes = [(pid, rid) for e in trainer.engine.round_log for kind, pid, rid in e["events"] if kind == "prune"]
+        assert len(prunes) == len(pruned) == trainer.pruner.totals["pruned"] == sum(h["pruned"] for h in
+                                                                                     trainer.engine.history)
+        assert {r["rid"] for r in pruned} == {rid for _, rid in prunes}
+        assert all(r["success"] != r["success"] and r["reward"] != r["reward"] for r in pruned)  # NaN: no reward
+        assert all(2 <= len(r["completion_ids"]) <= 8 for r in pruned)
+        assert trainer.pruner.totals["eligible"] > 0 and len(trainer.pruner.policy.calibrator) > 0  # head learnt
 
 
 def test_events_keep_arrol_two_phase_pruning_with_transformers_generation(tmp_path):

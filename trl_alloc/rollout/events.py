@@ -18,7 +18,9 @@ Accounting: every submitted rollout ends as exactly one `Rollout` (finished or a
   fills them in one batched call (the trainer does, across its ranks) before observing them.
 - `VLLMServerRollouts`: one streamed `/v1/completions` request per rollout (n = 1), up to
   `max_inflight` at once; a rollout is delivered when its stream ends; abort closes its stream, which
-  makes vLLM abort the request.
+  makes vLLM abort the request. With a `quality_head`, the server's worker scores each rollout at the
+  detection point (`serving.worker_extension`) and the snapshot carries `info["score"]` (the head's
+  logit) and `info["hidden"]` (the hidden state it scored, to train the head on).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import itertools
 import json
 import queue
 import threading
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,33 +104,38 @@ class BatchedRollouts:
         self._pending.clear()
 
 
-class VLLMServerRollouts:
-    """Rollouts as concurrent streamed requests to a vLLM OpenAI-compatible server (trl-alloc-serve). With
-    `seed`, rollout i is sampled with seed + i; without, the server's generator decides (vLLM on CPU fails on
-    seeded requests whose prompt is prefilled in chunks: "CPU Generator does not use offset")."""
+class StreamedRollouts:
+    """What the vLLM backends share: each rollout streamed on its own, delivered when it ends; the detection
+    point (`submit(detect_at=L)`); abort; the quality head's scores from the engine. A backend implements
+    `_start(rollout, cancel)` (generate it, feeding `_extend`, then `_finish`), `_rpc(method, *args)` (the
+    worker extension's methods) and may override `_stop(rid)` and `_shutdown()`.
 
-    def __init__(self, base_url, model=None, temperature=1.0, top_p=1.0, top_k=0, seed=None, max_inflight=64,
-                 request_timeout=600.0, extra=None):
-        import requests
+    `quality_head` (a `rollout.quality_head.QualityHead`): its weights go to the engine's worker, which
+    scores every rollout at the detection point (`serving.worker_extension`). The hidden state at the L-th
+    token is computed in the step that samples token L + 1, so a scored snapshot is delivered once L + 1
+    tokens have arrived (its tokens are the first L), with `info["score"]` and `info["hidden"]`. `scored`,
+    `scoring_s`: rollouts whose scores were collected, and the seconds that took; `hook_s` (after `close`):
+    the seconds the worker's hook spent scoring meanwhile."""
 
-        self.url = base_url.rstrip("/") + "/v1/completions"
-        self.session = requests.Session()
-        pool = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=int(max_inflight))
-        self.session.mount("http://", pool)  # one kept-alive connection per rollout in flight
-        self.session.mount("https://", pool)
-        if model is None:
-            model = self.session.get(base_url.rstrip("/") + "/v1/models", timeout=30).json()["data"][0]["id"]
-        self.body = {"model": model, "temperature": float(temperature), "top_p": float(top_p),
-                     "top_k": int(top_k) if top_k else -1, "n": 1, "stream": True, "return_token_ids": True,
-                     "logprobs": 0, **(extra or {})}
-        self.seed, self.request_timeout = seed, request_timeout
-        self._ids, self._pool = itertools.count(), ThreadPoolExecutor(max_workers=int(max_inflight))
-        self._done, self._live, self._lock = queue.Queue(), {}, threading.Lock()
+    def __init__(self, request_timeout=600.0, quality_head=None):
+        from ..serving.worker_extension import REQUEST_PREFIX
+
+        self.request_timeout = request_timeout
+        self._ids, self._done, self._live, self._lock = itertools.count(), queue.Queue(), {}, threading.Lock()
+        self._request_prefix = f"{REQUEST_PREFIX}{uuid.uuid4().hex[:12]}-"
+        self.scores_in_engine, self.scoring_s, self.scored, self.hook_s = quality_head is not None, 0.0, 0, 0.0
+        if quality_head is not None:
+            payload = _head_payload(quality_head.state_dict())
+            self.hook_s = -self._rpc("load_quality_head", payload, int(quality_head.detect_length))["hook_s"]
 
     @property
     def in_flight(self):
         with self._lock:
             return len(self._live)
+
+    def request_id(self, rid):
+        """The engine's request id of rollout `rid` (what the worker keys its scores by)."""
+        return f"{self._request_prefix}{rid}"
 
     def submit(self, prompt_ids, n=1, max_tokens=16, tag=None, detect_at=None):
         """`detect_at`: when a rollout has that many tokens and is still running, a snapshot of it (finish
@@ -140,12 +149,142 @@ class VLLMServerRollouts:
             cancel = threading.Event()
             with self._lock:
                 self._live[rid] = (r, cancel)
-            self._pool.submit(self._stream, r, cancel)
+            self._start(r, cancel)
             rids.append(rid)
         return rids
 
+    def _extend(self, r, token_ids, logprobs, finish_reason):
+        """New tokens of a running rollout (and the detection point's snapshot when it is reached)."""
+        r.token_ids += token_ids
+        r.logprobs += [float("nan") if x is None else float(x) for x in logprobs]
+        r.finish_reason = finish_reason or r.finish_reason
+        at = r.info.get("detect_at")
+        if at and not r.info.get("detected") and len(r.token_ids) >= at + self.scores_in_engine and (
+                r.finish_reason is None or len(r.token_ids) > at):
+            r.info["detected"] = True  # the detection point: a snapshot, the stream goes on
+            self._done.put(Rollout(r.rid, r.tag, r.prompt_ids, r.max_tokens, r.token_ids[:at], r.logprobs[:at],
+                                   "detect", {"detect_at": at}))
+
+    def _finish(self, r, error=None):
+        if error is not None:
+            r.finish_reason = r.finish_reason or f"error: {type(error).__name__}: {error}"
+        with self._lock:
+            self._live.pop(r.rid, None)
+        self._done.put(r)
+
+    def next_completed(self, timeout=None):
+        """The rollouts that have finished since the last call; blocks until one has (or none is in flight)."""
+        out = []
+        if self.in_flight or not self._done.empty():
+            try:
+                out.append(self._done.get(timeout=timeout))
+            except queue.Empty:
+                return []
+        while not self._done.empty():
+            out.append(self._done.get_nowait())
+        snapshots = [r for r in out if r.finish_reason == "detect"]
+        if self.scores_in_engine and snapshots:
+            self._attach_scores(snapshots)
+        return out
+
+    def _attach_scores(self, snapshots):
+        t0 = time.perf_counter()
+        scores = self._rpc("quality_scores", [self.request_id(r.rid) for r in snapshots])
+        self.scoring_s += time.perf_counter() - t0
+        for r in snapshots:
+            got = scores.get(self.request_id(r.rid))
+            if got is None:
+                raise RuntimeError(
+                    f"the engine did not score rollout {r.rid} at the detection point ({r.info['detect_at']} tokens): "
+                    "was it started with trl-alloc's worker extension (trl-alloc-serve), and is it the engine the "
+                    "quality head was sent to?")
+            r.info["score"], r.info["hidden"] = float(got[0]), got[1]
+            self.scored += 1
+
+    def abort(self, rids):
+        """Stop these rollouts; returns them with what they had generated (finish_reason "abort")."""
+        with self._lock:
+            live = [self._live[rid] for rid in rids if rid in self._live]
+        for r, cancel in live:
+            cancel.set()
+            self._stop(r.rid)
+        wanted, out, held = {r.rid for r, _ in live}, [], []
+        while wanted:
+            r = self._done.get(timeout=self.request_timeout)
+            final = r.rid in wanted and r.finish_reason != "detect"
+            (out if final else held).append(r)
+            if final:
+                wanted.discard(r.rid)
+        for r in held:  # others that finished meanwhile stay for next_completed
+            self._done.put(r)
+        return out
+
+    def close(self):
+        with self._lock:
+            live = list(self._live.values())
+        for r, cancel in live:
+            cancel.set()
+            self._stop(r.rid)
+        if self.scores_in_engine:
+            try:
+                self.hook_s += self._rpc("quality_head_stats")["hook_s"]
+            except Exception:  # noqa: BLE001 -- an engine gone away: the round's own error is the one to see
+                self.hook_s = float("nan")
+        self._shutdown()
+
+    def _stop(self, rid):
+        """Backend hook: stop rollout `rid` now (the cancel event is already set)."""
+
+    def _shutdown(self):
+        """Backend hook: release what `close` leaves."""
+
+
+def _head_payload(state_dict):
+    import base64
+
+    from safetensors.torch import save
+
+    return base64.b64encode(save({k: v.detach().cpu().contiguous() for k, v in state_dict.items()})).decode("ascii")
+
+
+class VLLMServerRollouts(StreamedRollouts):
+    """Rollouts as concurrent streamed requests to a vLLM OpenAI-compatible server (trl-alloc-serve), one
+    `/v1/completions` request (n = 1) per rollout; abort closes its stream, which makes vLLM abort it. With
+    `seed`, rollout i is sampled with seed + i; without, the server's generator decides (vLLM on CPU fails on
+    seeded requests whose prompt is prefilled in chunks: "CPU Generator does not use offset")."""
+
+    def __init__(self, base_url, model=None, temperature=1.0, top_p=1.0, top_k=0, seed=None, max_inflight=64,
+                 request_timeout=600.0, extra=None, quality_head=None):
+        import requests
+
+        from ..serving.client import AllocVLLMClient
+
+        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.session = requests.Session()
+        pool = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=int(max_inflight))
+        self.session.mount("http://", pool)  # one kept-alive connection per rollout in flight
+        self.session.mount("https://", pool)
+        if model is None:
+            model = self.session.get(base_url.rstrip("/") + "/v1/models", timeout=30).json()["data"][0]["id"]
+        self.body = {"model": model, "temperature": float(temperature), "top_p": float(top_p),
+                     "top_k": int(top_k) if top_k else -1, "n": 1, "stream": True, "return_token_ids": True,
+                     "logprobs": 0, **(extra or {})}
+        self.seed, self._pool = seed, ThreadPoolExecutor(max_workers=int(max_inflight))
+        self.client = None
+        if quality_head is not None:
+            self.client = AllocVLLMClient(base_url=base_url, connection_timeout=30.0, request_timeout=request_timeout)
+        super().__init__(request_timeout, quality_head)
+
+    def _rpc(self, method, *args):
+        if method == "load_quality_head":  # (the client's clear error for a server without the extension)
+            return self.client.load_quality_head_payload(*args)
+        return self.client.collective_rpc(method, args)[0]
+
+    def _start(self, r, cancel):
+        self._pool.submit(self._stream, r, cancel)
+
     def _stream(self, r, cancel):
-        body = {**self.body, "prompt": r.prompt_ids, "max_tokens": r.max_tokens}
+        body = {**self.body, "prompt": r.prompt_ids, "max_tokens": r.max_tokens, "request_id": self.request_id(r.rid)}
         if self.seed is not None:  # (vLLM CPU 0.32 fails on a seeded request whose prefill is chunked)
             body["seed"] = int(self.seed) + r.rid
         try:
@@ -161,55 +300,15 @@ class VLLMServerRollouts:
                     if "choices" not in payload:  # an error reported inside the stream
                         raise RuntimeError(f"the server reported {payload.get('error', payload)}")
                     choice = payload["choices"][0]
-                    r.token_ids += choice.get("token_ids") or []
-                    top = (choice.get("logprobs") or {}).get("token_logprobs") or []
-                    r.logprobs += [float("nan") if x is None else float(x) for x in top]
-                    r.finish_reason = choice.get("finish_reason") or r.finish_reason
-                    at = r.info.get("detect_at")
-                    if at and not r.info.get("detected") and len(r.token_ids) >= at and (
-                            r.finish_reason is None or len(r.token_ids) > at):
-                        r.info["detected"] = True  # the detection point: a snapshot, the stream goes on
-                        self._done.put(Rollout(r.rid, r.tag, r.prompt_ids, r.max_tokens, r.token_ids[:at],
-                                               r.logprobs[:at], "detect", {"detect_at": at}))
+                    self._extend(r, choice.get("token_ids") or [],
+                                 (choice.get("logprobs") or {}).get("token_logprobs") or [], choice.get("finish_reason"))
         except Exception as exc:  # noqa: BLE001 -- delivered to the caller, not lost in a thread
-            r.finish_reason = r.finish_reason or f"error: {type(exc).__name__}: {exc}"
-        with self._lock:
-            self._live.pop(r.rid, None)
-        self._done.put(r)
+            self._finish(r, exc)
+            return
+        self._finish(r)
 
-    def next_completed(self, timeout=None):
-        """The rollouts that have finished since the last call; blocks until one has (or none is in flight)."""
-        out = []
-        if self.in_flight or not self._done.empty():
-            try:
-                out.append(self._done.get(timeout=timeout))
-            except queue.Empty:
-                return []
-        while not self._done.empty():
-            out.append(self._done.get_nowait())
-        return out
-
-    def abort(self, rids):
-        """Stop these rollouts; returns them with what they had generated (finish_reason "abort")."""
-        with self._lock:
-            live = [self._live[rid] for rid in rids if rid in self._live]
-        for _, cancel in live:
-            cancel.set()
-        wanted, out, held = {r.rid for r, _ in live}, [], []
-        while wanted:
-            r = self._done.get(timeout=self.request_timeout)
-            final = r.rid in wanted and r.finish_reason != "detect"
-            (out if final else held).append(r)
-            if final:
-                wanted.discard(r.rid)
-        for r in held:  # others that finished meanwhile stay for next_completed
-            self._done.put(r)
-        return out
-
-    def close(self):
-        with self._lock:
-            live = list(self._live.values())
-        for _, cancel in live:
-            cancel.set()
+    def _shutdown(self):
         self._pool.shutdown(wait=True)
         self.session.close()
+        if self.client is not None:
+            self.client.close()

@@ -19,15 +19,11 @@ the log-probabilities or the loss. ``pruning="random"`` keeps each eligible roll
 probability ``keep_ratio`` (the paper's control, no head). Both prune only after
 ``cold_start_steps`` rounds.
 
-**vLLM server mode.** Scoring is trainer-side: the server's hidden states are not used. vLLM 0.32's
-OpenAI server returns tokens and log-probabilities but no hidden states over ``/v1/completions``,
-and a worker-extension forward would have to run the model outside the engine's scheduler (vLLM's
-forward context, KV-cache metadata and attention backends are set up per scheduled batch), i.e. a
-second model execution path inside the server. The trainer holds the same weights (they are
-pushed before every step), so one forward of prompt + partial there gives the same hidden state;
-it costs what a log-prob pass over the eligible rollouts' first ``detect_length`` tokens costs.
-The head's weights and the calibrator therefore never need to reach the server. Pruned rollouts
-never generate a token past ``detect_length``: phase 1 stops every rollout there.
+**In the engine.** With `rollout_mode="events"` and vLLM, none of this runs: the worker extension scores
+each streamed rollout at the detection point, pruned rollouts are aborted in the engine and survivors go
+on in the same request (`rollout.streaming`, `serving.worker_extension`, docs/arrol.md);
+`decide_snapshots` takes those scores. Here (deterministic mode, and the transformers backend) the
+trainer scores: it holds the same weights, so one forward of prompt + partial gives the same hidden state.
 
 Distributed contract (as in ``trainer.py``): each rank generates and forwards its own rows; the
 hidden states are gathered, and the main process scores, calibrates, samples survivors and trains
@@ -77,13 +73,13 @@ class RolloutPruner:
                 torch.manual_seed(int(seed))
                 self.head = QualityHead(hidden_size, args.head_hidden_size, self.detect_length, base_model)
             self.optimizer = torch.optim.Adam(self.head.parameters(), lr=args.head_learning_rate)
-        self._request = None
         self._reset_round()
 
     def _reset_round(self):
-        self._round = {"eligible": 0, "pruned": 0, "finished_early": 0, "tokens_saved": 0.0, "generation_s": 0.0,
-                       "scoring_s": 0.0, "survivor_labels": []}
+        self._round = {"eligible": 0, "pruned": 0, "finished_early": 0, "generation_s": 0.0, "scoring_s": 0.0,
+                       "survivor_labels": [], "lengths": {}, "cut": []}
         self._train = []  # (features, logits, labels) of completed eligible rollouts this round
+        self._scored = {}  # eligible rollouts not yet recorded: key -> (features, logit)
 
     @property
     def active(self):
@@ -92,50 +88,75 @@ class RolloutPruner:
 
     # ------------------------------------------------------------------ decisions (main process)
     @torch.no_grad()
-    def decide(self, pids, eligible, features):
-        """Which of a request's rows to prune.
-
-        pids: the request's prompt id per row; eligible: row indices that reached detect_length
-        unfinished; features: their hidden states (ARROL; None for random). Returns the sorted row
-        indices to prune. Survival probabilities are computed per prompt-group over its eligible rows.
-        """
-        eligible = np.asarray(eligible, np.int64)
-        logits = np.full(eligible.size, np.nan)
-        if self.head is not None and eligible.size:
-            self.head.eval()
+    def decide(self, groups, keys, features=None, logits=None, decidable=None):
+        """Which eligible rollouts to prune: `keys` name them (a request's row indices, or rollout ids in the
+        stream), `groups` their prompt-group. The head scores `features` (hidden states, trainer-side), or
+        `logits` are its scores already (computed in the engine; `features` then only train it). Survival
+        probabilities are computed per group over all of them; only `decidable` ones (default all) can be
+        pruned -- in the stream, a rollout that ended before its cohort was complete is kept. Returns the
+        keys to prune, sorted; `record` counts the ones that were (in the stream, a rollout that ends before
+        its abort takes effect is kept, complete)."""
+        keys = list(keys)
+        given = logits is not None
+        logits = np.asarray(logits, np.float64) if given else np.full(len(keys), np.nan)
+        feats = None
+        if self.head is not None and keys and features is not None:
             feats = torch.as_tensor(np.asarray(features), dtype=torch.float32)
-            logits = self.head(feats).double().numpy()
-            self._request = {int(i): (feats[j], float(logits[j])) for j, i in enumerate(eligible)}
-        else:
-            self._request = {int(i): (None, float("nan")) for i in eligible}
-        self._round["eligible"] += int(eligible.size)
-        pruned = eligible[self.policy.prune(np.asarray(pids, np.int64)[eligible], logits)]
-        self._round["pruned"] += int(pruned.size)
-        return sorted(int(i) for i in pruned)
+            if not given:
+                self.head.eval()
+                logits = self.head(feats).double().numpy()
+        for j, key in enumerate(keys):
+            self._scored[key] = (None if feats is None else feats[j], float(logits[j]))
+        self._round["eligible"] += len(keys)
+        cut = self.policy.prune(np.asarray(groups, np.int64), logits if self.head is not None else None)
+        if decidable is not None:
+            cut &= np.asarray(decidable, bool)
+        return sorted(k for k, c in zip(keys, cut) if c)
+
+    def decide_snapshots(self, snapshots):
+        """In-stream pruning (`rollout.streaming.RoundDriver`'s `on_detect`): the snapshots of complete cohorts,
+        scored in the engine (`info["score"]`, `info["hidden"]`), -> rollout ids to prune. A cohort (one
+        submission's rollouts) is the group the survival probabilities are normalised over."""
+        scored = self.head is not None
+        return self.decide([s.info["cohort"] for s in snapshots], [s.rid for s in snapshots],
+                           [s.info["hidden"] for s in snapshots] if scored else None,
+                           [s.info["score"] for s in snapshots] if scored else None,
+                           decidable=[not s.info["ended"] for s in snapshots])
 
     def record(self, rows):
-        """After a request's rewards: queue (features, logit, label) of its completed eligible rollouts for
-        the head and calibrator, and estimate the tokens pruning saved. `rows`: the trainer's request rows."""
-        request, self._request = self._request or {}, None
-        lengths = {}
+        """After rewards: queue (features, logit, label) of completed eligible rollouts for the head and the
+        calibrator. `rows`: the trainer's rows; each is keyed by its `rid` (stream) or its index."""
         for i, row in enumerate(rows):
-            if not row.get("pruned"):
-                lengths.setdefault(row["pid"], []).append(len(row["completion_ids"]))
-                if i not in request:
-                    self._round["finished_early"] += 1
-        every = [n for v in lengths.values() for n in v]
-        for i, (feat, logit) in request.items():
-            row = rows[i]
-            if row.get("pruned"):
-                # tokens not generated: the mean final length of its group's survivors (else of the
-                # request's completed rollouts) minus the detect_length it did generate
-                ref = lengths.get(row["pid"]) or every
-                self._round["tokens_saved"] += max(float(np.mean(ref)) - self.detect_length, 0.0) if ref else 0.0
+            key = row.get("rid", i)
+            scored = self._scored.pop(key, None)
+            if row.get("pruned"):  # (counted here: in the stream, one named too late ends unpruned)
+                if scored is not None:
+                    self._round["pruned"] += 1
+                    self._round["cut"].append(row["pid"])
+                continue
+            if row.get("aborted"):
+                continue
+            self._round["lengths"].setdefault(row["pid"], []).append(len(row["completion_ids"]))
+            if scored is None:
+                self._round["finished_early"] += 1
             elif np.isfinite(row["success"]):  # the trainer's success signal (0/1), NaN = unscored
                 label = int(row["success"])
                 self._round["survivor_labels"].append(label)
-                if feat is not None:
-                    self._train.append((feat, logit, label))
+                if scored[0] is not None:
+                    self._train.append((scored[0], scored[1], label))
+        if "rid" not in (rows[0] if rows else {}):
+            self._scored.clear()  # a request's row indices are its own
+
+    def _tokens_saved(self):
+        """Tokens pruning did not generate: per pruned rollout, the mean final length of its group's completed
+        rollouts this round (else of all of them) minus the detect_length it did generate."""
+        lengths = self._round["lengths"]
+        every = [n for v in lengths.values() for n in v]
+        saved = 0.0
+        for pid in self._round["cut"]:
+            ref = lengths.get(pid) or every
+            saved += max(float(np.mean(ref)) - self.detect_length, 0.0) if ref else 0.0
+        return saved
 
     def add_time(self, generation_s=0.0, scoring_s=0.0):
         self._round["generation_s"] += generation_s
@@ -145,6 +166,7 @@ class RolloutPruner:
         """Close the round: head metrics on the round's completed rollouts (before training on them),
         calibrator update, one Adam step of the head on binary cross-entropy; returns the metrics."""
         r = self._round
+        r["tokens_saved"] = self._tokens_saved()
         out = {"pruning/active": float(self.active), "pruning/eligible": float(r["eligible"]),
                "pruning/pruned": float(r["pruned"]), "pruning/finished_early": float(r["finished_early"]),
                "pruning/keep_ratio": (r["eligible"] - r["pruned"]) / r["eligible"] if r["eligible"] else 1.0,
@@ -321,7 +343,7 @@ def generate_with_pruning(trainer, generate, prompt_ids, n_real, flat_pids, offs
     everything = gather_object(local) if trainer.accelerator.num_processes > 1 else local
     rows = [i for i, _ in everything]
     features = None if feats is None else [f for _, f in everything]
-    pruned = set(trainer._main_call(lambda: pruner.decide(flat_pids, rows, features)))
+    pruned = set(trainer._main_call(lambda: pruner.decide(np.asarray(flat_pids)[rows], rows, features)))
     score_s = time.perf_counter() - t1
 
     # phase 2: survivors continue from prompt + partial

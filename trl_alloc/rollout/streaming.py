@@ -14,9 +14,14 @@ prompt id, rollout id) in the order they happened, for the round log.
 
 In-stream pruning (ARROL's detection point, on backends that support it): with `detect_at`, each rollout
 still running at that many tokens is handed to `on_detect` as a snapshot; the rollouts it names are aborted
-in the engine and end as pruned (spent, no reward), the others go on in the same request.
+in the engine and end as pruned (spent, no reward), the others go on in the same request. Snapshots are
+decided a *cohort* at a time -- the rollouts of one submission (one prompt, started together) -- once each
+of them has reached the point or ended, so a group's survival probabilities (SPEC §4) are computed over the
+same rollouts as in the batched two-phase path; `snapshot.info["cohort"]` names it and
+`snapshot.info["ended"]` marks one that ended while its cohort was incomplete (it can no longer be pruned).
 """
 
+import itertools
 import time
 
 
@@ -35,6 +40,8 @@ class RoundDriver:
         self.spent = self.tokens = self.aborted = 0
         self.waited_s = 0.0  # seconds spent waiting for the engine
         self._batch, self._held = [], []
+        self._cohorts, self._cohort_of = itertools.count(), {}  # rid -> cohort id
+        self._unresolved, self._snapshots = {}, {}  # cohort -> rids yet to reach the point or end; its snapshots
 
     def _done(self):
         a = self.allocator
@@ -46,10 +53,14 @@ class RoundDriver:
             return
         for pid, n in self.allocator.submissions(room):
             extra = {"detect_at": self.detect_at} if self.detect_at else {}
-            for rid in self.rollouts.submit(self.prompt_ids_of(pid), n=n, max_tokens=self.max_tokens, tag=pid,
-                                            **extra):
+            rids = self.rollouts.submit(self.prompt_ids_of(pid), n=n, max_tokens=self.max_tokens, tag=pid, **extra)
+            for rid in rids:
                 self.live[rid] = pid
                 self.events.append(("submit", pid, rid))
+            if self.detect_at:
+                cohort = next(self._cohorts)
+                self._cohort_of.update(dict.fromkeys(rids, cohort))
+                self._unresolved[cohort] = set(rids)
             self.spent += n
 
     def poll(self):
@@ -74,19 +85,43 @@ class RoundDriver:
         if failed:  # a rollout the engine could not generate: the round cannot be decided on
             raise RuntimeError(f"rollout {failed[0].rid} (prompt {failed[0].tag}) failed in the rollout engine: "
                                f"{failed[0].finish_reason[len('error: '):]}")
-        if any(r.finish_reason == "detect" for r in batch):  # the detection point: prune (abort) or go on
-            snapshots = [r for r in batch if r.finish_reason == "detect" and r.rid in self.live]
+        if self.detect_at:  # the detection point: prune (abort) or go on, a whole cohort at a time
+            ready = self._ready_snapshots(batch)
             batch = [r for r in batch if r.finish_reason != "detect"]
-            for rid in self.on_detect(snapshots) if self.on_detect and snapshots else ():
-                self.pruned.add(rid)
-                self.events.append(("prune", self.live[rid], rid))
-                self._held.extend(self.rollouts.abort([rid]))
+            for rid in self.on_detect(ready) if self.on_detect and ready else ():
+                if rid not in self.live or rid in self.pruned:
+                    continue
+                for r in self.rollouts.abort([rid]):  # (one that ended before the abort took effect is kept)
+                    if r.finish_reason == "abort":
+                        self.pruned.add(rid)
+                        self.events.append(("prune", r.tag, rid))
+                    self._held.append(r)
             if not batch:
                 return self.poll()
         for r in batch:
             self.live.pop(r.rid, None)
         self._batch = batch
         return batch
+
+    def _ready_snapshots(self, batch):
+        """The snapshots of cohorts that became complete with this batch (see the module docstring)."""
+        ended = {r.rid for r in batch if r.finish_reason != "detect"}
+        for r in batch:
+            cohort = self._cohort_of.get(r.rid)
+            if cohort is None or cohort not in self._unresolved:
+                continue
+            self._unresolved[cohort].discard(r.rid)
+            if r.finish_reason == "detect":
+                r.info["cohort"] = cohort
+                self._snapshots.setdefault(cohort, []).append(r)
+        ready = [c for c, left in self._unresolved.items() if not left]
+        out = []
+        for c in ready:
+            del self._unresolved[c]
+            for r in self._snapshots.pop(c, []):
+                r.info["ended"] = r.rid in ended or r.rid not in self.live
+                out.append(r)
+        return out
 
     def observe(self, rows):
         """The rows of the last `poll`'s rollouts, in its order; aborts what the allocator no longer wants."""
@@ -118,8 +153,8 @@ def run_round(allocator, rollouts, prompt_ids_of, success, max_tokens, max_infli
     (its `ended` rollouts, `events`, `spent`, `tokens`, `aborted`, `pruned`)."""
     driver = RoundDriver(allocator, rollouts, prompt_ids_of, max_tokens, max_inflight, timeout, detect_at, on_detect)
     while (batch := driver.poll()) is not None:
-        driver.observe([{"pid": r.tag, "success": float("nan") if r.finish_reason == "abort" else float(success(r))}
-                        for r in batch])
+        driver.observe([{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
+                         "success": float("nan") if r.finish_reason == "abort" else float(success(r))} for r in batch])
     return driver
 
 

@@ -7,6 +7,8 @@ needs ``VLLM_SERVER_DEV_MODE=1``)::
     {"method": "load_weights_from_dir", "args": ["/tmp/weights"]}
     {"method": "load_weights_from_payload", "args": ["<base64 of safetensors bytes>"]}
     {"method": "weights_checksum"}
+    {"method": "load_quality_head", "args": ["<base64 of the head's safetensors>", 24]}
+    {"method": "quality_scores", "args": [["alloc-...-7"]]}
 
 Why this exists: vLLM's own weight push (``/init_weight_transfer_engine`` + ``/update_weights``,
 what TRL's ``VLLMClient`` uses) needs NCCL, hence CUDA. On CPU the trainer saves its weights as
@@ -22,6 +24,14 @@ head, never re-packs it: generation would keep using the *old* output head. Afte
 extension re-runs the (unquantized) weight processing of every module whose weight is shared with
 another module, which re-packs the head. On CUDA that processing is a no-op.
 
+ARROL's quality head in the engine (SPEC §4): ``load_quality_head`` installs the head's weights (a few
+hundred KB, sent with each weight sync) and a forward hook on the served model. vLLM's model forward
+returns the final norm's output for every scheduled token; at the step where a request's input token is
+the ``detect_length``-th completion token (position ``prompt_len + detect_length − 1``), the hook scores
+that hidden state, the same one the trainer's ``rollout.quality_head.last_hidden_states`` takes from
+prompt + partial, and keeps (logit, hidden state) by request id until ``quality_scores`` collects it.
+Only requests whose id starts with ``REQUEST_PREFIX`` (the trainer's streamed rollouts) are scored.
+
 Keep this module importable without vLLM (it shares `protocol.py` with the client): nothing is
 imported from vLLM at module level, and the class holds methods only (vLLM mixes it into its worker
 class and refuses attributes that clash with the worker's).
@@ -34,7 +44,10 @@ import os
 
 from .protocol import model_signature, state_checksum
 
-__all__ = ["AllocWorkerExtension"]
+__all__ = ["AllocWorkerExtension", "REQUEST_PREFIX"]
+
+REQUEST_PREFIX = "alloc-"  # request ids the quality head scores (vLLM makes them "cmpl-<id>-0-<random>")
+_MAX_KEPT_SCORES = 4096  # scores never collected (a client gone away) are dropped beyond this many
 
 class AllocWorkerExtension:
     """Methods mixed into the vLLM worker (``self`` is the worker: ``self.model_runner`` etc.)."""
@@ -96,6 +109,88 @@ class AllocWorkerExtension:
                     torch.allclose(got[..., :n].float().cpu(), want[..., :n].float().cpu(), atol=tol, rtol=tol))
         return info
 
+    # ------------------------------------------------------------------ ARROL's head in the engine
+    def load_quality_head(self, payload: str, detect_length: int) -> dict:
+        """Install the head (base64 safetensors of `QualityHead.state_dict()`) and the detection length;
+        the first call hooks the model. Returns ``{"checksum", "hidden_size", "detect_length"}``."""
+        import torch
+        from safetensors.torch import load
+
+        state = {k: v.to(torch.float32) for k, v in load(base64.b64decode(payload)).items()}
+        layers = sorted({k.rsplit(".", 1)[0] for k in state})
+        if len(layers) != 2 or any(f"{m}.{p}" not in state for m in layers for p in ("weight", "bias")):
+            raise ValueError(f"a quality head has two linear layers (weight, bias each); got {sorted(state)}")
+        hidden = self.model_runner.model_config.hf_config.get_text_config().hidden_size
+        first = state[f"{layers[0]}.weight"]
+        if first.shape[1] != hidden:
+            raise ValueError(f"the quality head reads hidden states of size {first.shape[1]}, the served model's "
+                             f"are {hidden}: it was built for another model.")
+        self._alloc_head = [(state[f"{m}.weight"], state[f"{m}.bias"]) for m in layers]
+        self._alloc_detect_length = int(detect_length)
+        if getattr(self, "_alloc_head_hook", None) is None:
+            self._alloc_scores = {}
+            self._alloc_head_hook = self.model_runner.get_model().register_forward_hook(
+                self._alloc_score_hook, with_kwargs=True)
+        return {"checksum": state_checksum(state.items()), "hidden_size": hidden,
+                "detect_length": self._alloc_detect_length, **self.quality_head_stats()}
+
+    def quality_head_stats(self) -> dict:
+        """Rollouts scored in the engine so far and the seconds the hook spent on them (cumulative)."""
+        return {"scored": getattr(self, "_alloc_scored", 0), "hook_s": getattr(self, "_alloc_hook_s", 0.0)}
+
+    def quality_scores(self, request_ids: list) -> dict:
+        """{request id: [logit, hidden state]} for those of `request_ids` scored at the detection point
+        (ids as the client sent them); collected scores are forgotten."""
+        kept, wanted, out = getattr(self, "_alloc_scores", {}), set(request_ids), {}
+        for key in [k for k in kept if _client_request_id(k) in wanted]:
+            logit, hidden = kept.pop(key)
+            out[_client_request_id(key)] = [logit, hidden.tolist()]
+        return out
+
+    def _alloc_score_hook(self, module, args, kwargs, output):
+        """Score the rows at their request's detection point (see the module docstring)."""
+        import time
+
+        import numpy as np
+        import torch
+
+        t0 = time.perf_counter()
+        runner = self.model_runner
+        batch = runner.input_batch
+        n = batch.num_reqs
+        ids = batch.req_ids[:n]
+        if not any(r.startswith(f"cmpl-{REQUEST_PREFIX}") for r in ids):
+            return None
+        hidden = output[0] if isinstance(output, tuple) else output
+        positions = kwargs.get("positions")
+        if positions is None or positions.dim() != 1:
+            return None
+        starts = runner.query_start_loc.np[:n + 1]
+        target = batch.num_prompt_tokens[:n] + self._alloc_detect_length - 1
+        rows, keys = [], []
+        for i, rid in enumerate(ids):
+            if not rid.startswith(f"cmpl-{REQUEST_PREFIX}") or starts[i + 1] <= starts[i]:
+                continue
+            row = int(starts[i] + target[i] - int(positions[starts[i]]))
+            if starts[i] <= row < starts[i + 1]:
+                rows.append(row)
+                keys.append(rid)
+        if not rows:
+            return None
+        with torch.no_grad():
+            h = hidden[torch.as_tensor(np.asarray(rows))].to(torch.float32)
+            (w1, b1), (w2, b2) = self._alloc_head
+            logits = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(h, w1, b1)),
+                                                w2, b2).squeeze(-1)
+        kept = self._alloc_scores
+        for key, logit, vec in zip(keys, logits.tolist(), h):
+            kept[key] = (logit, vec)
+        while len(kept) > _MAX_KEPT_SCORES:
+            kept.pop(next(iter(kept)))
+        self._alloc_scored = getattr(self, "_alloc_scored", 0) + len(keys)
+        self._alloc_hook_s = getattr(self, "_alloc_hook_s", 0.0) + time.perf_counter() - t0
+        return None
+
     # ------------------------------------------------------------------ internals
     def _alloc_reload(self, weights: dict) -> dict:
         import time
@@ -109,6 +204,11 @@ class AllocWorkerExtension:
         self._alloc_num_pushes = getattr(self, "_alloc_num_pushes", 0) + 1
         return {"checksum": checksum, "num_tensors": len(weights), "repacked": repacked,
                 "seconds": round(time.perf_counter() - t0, 4)}
+
+
+def _client_request_id(engine_id: str) -> str:
+    """vLLM's engine request id "cmpl-<client id>-<prompt index>-<random>" -> the client's id."""
+    return engine_id[len("cmpl-"):].rsplit("-", 2)[0]
 
 
 def _find_attr(model, name: str):

@@ -64,6 +64,7 @@ class RequestGenerationMixin:
                                  [r["token_ids"] for r in mine], [r["logprobs"] for r in mine],
                                  [r["finish_reason"] == "abort" for r in mine])
         for row, r in zip(rows, rollouts):
+            row["rid"] = r["rid"]  # (the pruner's key in the stream)
             row["aborted"] = r["finish_reason"] == "abort"
             row["pruned"] = False  # (aborted, not pruned: it was scored as cut only to get no reward)
         return rows

@@ -7,7 +7,10 @@ rollout engine (`rollout.streaming.RoundDriver`) and every rank scores each batc
     observe(rows): decide, abort the surplus  ◄──  the rows
 
 The engine: vLLM server mode streams one request per rollout (`rollout.events.VLLMServerRollouts`, after
-the usual weight push); otherwise the rollouts pending at each poll are generated together by TRL's
+the usual weight push). ARROL prunes inside that stream: the quality head's weights go to the server with
+the weights, the worker scores each rollout at `detect_length` tokens, and the main process decides a
+cohort (one submission's rollouts) at a time; pruned rollouts are aborted in the engine, survivors go on in
+the same request (`rollout.streaming`). Otherwise the rollouts pending at each poll are generated together by TRL's
 generation step across the ranks (`BatchedRollouts` without a generate function), so ZeRO-3 works and a run
 is reproducible. The order of events goes to the round log.
 """
@@ -32,9 +35,6 @@ class EventRoundMixin:
         if self.use_vllm and args.vllm_mode != "server":
             raise ValueError("rollout_mode='events' streams rollouts from a vLLM server; with vllm_mode="
                              f"{args.vllm_mode!r} use rollout_mode='deterministic' (or vllm_mode='server').")
-        if self.use_vllm and args.pruning != "none":
-            raise ValueError("pruning inside the vLLM stream is not available yet: with rollout_mode='events' and "
-                             "vLLM server mode use pruning='none', or rollout_mode='deterministic' for ARROL.")
 
     @property
     def rollout_window(self):
@@ -46,9 +46,10 @@ class EventRoundMixin:
         if not self.use_vllm:
             return BatchedRollouts()
         extra = {k: v for k, v in (("min_p", args.min_p), ("repetition_penalty", args.repetition_penalty)) if v}
+        head = self.pruner.head if self.pruner is not None else None
         return VLLMServerRollouts(vllm_server_url(self), temperature=args.temperature, top_p=args.top_p,
                                   top_k=args.top_k or 0, max_inflight=self.rollout_window,
-                                  request_timeout=args.vllm_server_timeout, extra=extra)
+                                  request_timeout=args.vllm_server_timeout, extra=extra, quality_head=head)
 
     def _run_event_round(self):
         """The round's rows and its log (the order of events, seconds waited on the engine), on every rank."""
@@ -62,9 +63,12 @@ class EventRoundMixin:
             return cache[pid]
 
         if self.accelerator.is_main_process:
+            in_stream = self.use_vllm and self.pruner is not None
             driver = RoundDriver(self.engine, self._rollout_engine(), prompt_ids_of,
                                  self.args.max_completion_length, self.rollout_window,
-                                 timeout=self.args.vllm_server_timeout if self.use_vllm else None)
+                                 timeout=self.args.vllm_server_timeout if self.use_vllm else None,
+                                 detect_at=self.pruner.detect_length if in_stream else None,
+                                 on_detect=self.pruner.decide_snapshots if in_stream else None)
         rows = []
         try:
             while (batch := self._main_call(lambda: None if (b := driver.poll()) is None else _plain(b))) is not None:
@@ -77,5 +81,7 @@ class EventRoundMixin:
         finally:
             if driver is not None:
                 driver.rollouts.close()
+                if driver.detect_at:
+                    self.pruner.add_time(scoring_s=driver.rollouts.scoring_s + driver.rollouts.hook_s)
         events = self._main_call(lambda: {"events": driver.events, "waited_s": driver.waited_s})
         return rows, events
