@@ -40,9 +40,12 @@ def test_batched_rollouts_are_one_generate_call_over_everything_pending(tiny_ran
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(tmp_path):
+    import torch
+
+    from trl_alloc.rollout.quality_head import QualityHead
     from trl_alloc.serving import start_server
 
-    build_served_model(str(tmp_path / "model"))
+    model = build_served_model(str(tmp_path / "model"))
     with start_server(str(tmp_path / "model"), timeout=600, env={"HF_HUB_OFFLINE": "1"}) as server:
         engine = VLLMServerRollouts(server.url, temperature=1.0, seed=0, extra={"ignore_eos": True})
         try:
@@ -83,44 +86,42 @@ def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(tmp_path):
             assert cut[0].token_ids[:5] == snap[0].token_ids and engine.in_flight == 0
         finally:
             engine.close()
+        torch.manual_seed(0)
+        head = QualityHead(model.config.hidden_size, 16, detect_length=5)
+        engine = VLLMServerRollouts(server.url, temperature=1.0, extra={"ignore_eos": True}, quality_head=head)
+        try:
+            check_scores_in_engine(engine, model, head)
+        finally:
+            engine.close()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-def test_the_engine_scores_the_detection_point_as_the_trainer_does(tmp_path):
-    """ARROL's head inside the server (worker extension): the score and hidden state each snapshot carries equal
+def check_scores_in_engine(engine, model, head):
+    """ARROL's head inside the engine (worker extension): the score and hidden state each snapshot carries equal
     the trainer-side forward of prompt + partial (`last_hidden_states`), rollout by rollout."""
     import torch
 
-    from trl_alloc.rollout.quality_head import QualityHead, last_hidden_states
-    from trl_alloc.serving import start_server
+    from trl_alloc.rollout.quality_head import last_hidden_states
 
-    model = build_served_model(str(tmp_path / "model"))
-    torch.manual_seed(0)
-    head = QualityHead(model.config.hidden_size, 16, detect_length=5)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14, 15, 16]]
-    with start_server(str(tmp_path / "model"), timeout=600, env={"HF_HUB_OFFLINE": "1"}) as server:
-        engine = VLLMServerRollouts(server.url, temperature=1.0, extra={"ignore_eos": True}, quality_head=head)
-        try:
-            for i, p in enumerate(prompts):
-                engine.submit(p, n=2, max_tokens=12, tag=i, detect_at=5)
-            engine.submit([8, 9], n=1, max_tokens=5, tag="short", detect_at=5)  # ends at 5 tokens: no snapshot
-            got = []
-            while engine.in_flight or got == []:
-                got += engine.next_completed(timeout=120)
-            got += engine.next_completed(timeout=1)
-        finally:
-            engine.close()
+    for i, p in enumerate(prompts):
+        engine.submit(p, n=2, max_tokens=12, tag=i, detect_at=5)
+    engine.submit([8, 9], n=1, max_tokens=5, tag="short", detect_at=5)  # ends at 5 tokens: no snapshot
+    got = []
+    while engine.in_flight or got == []:
+        got += engine.next_completed(timeout=120)
+    got += engine.next_completed(timeout=1)
     snaps = [r for r in got if r.finish_reason == "detect"]
     assert sorted(r.tag for r in snaps) == [0, 0, 1, 1, 2, 2] and engine.scored == 6
     assert all(len(r.token_ids) == 5 for r in snaps)
     final = {r.rid: r for r in got if r.finish_reason != "detect"}
     assert all(final[r.rid].token_ids[:5] == r.token_ids for r in snaps)  # the snapshot is the rollout's prefix
-    want = last_hidden_states(model, [r.prompt_ids + r.token_ids for r in snaps], 0)
+    with torch.no_grad():
+        want = last_hidden_states(model, [r.prompt_ids + r.token_ids for r in snaps], 0)
+        expected = head(want).double()
     hidden = torch.tensor([r.info["hidden"] for r in snaps])
     assert torch.allclose(hidden, want, atol=1e-4, rtol=1e-4), (hidden - want).abs().max()
     scores = torch.tensor([r.info["score"] for r in snaps], dtype=torch.float64)
-    assert torch.allclose(scores, head(want).double(), atol=1e-4), (scores, head(want))
+    assert torch.allclose(scores, expected, atol=1e-4), (scores, expected)
 
 
 @pytest.mark.slow
@@ -131,7 +132,7 @@ def test_inprocess_vllm_rollouts_stream_abort_and_score_in_the_engine(tmp_path, 
     import torch
 
     from trl_alloc.rollout.inprocess import VLLMInProcessRollouts
-    from trl_alloc.rollout.quality_head import QualityHead, last_hidden_states
+    from trl_alloc.rollout.quality_head import QualityHead
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = build_served_model(str(tmp_path / "model"))
@@ -156,9 +157,9 @@ def test_inprocess_vllm_rollouts_stream_abort_and_score_in_the_engine(tmp_path, 
         assert [(r.rid, r.finish_reason, len(r.token_ids)) for r in snap] == [(running[0], "detect", 5)]
         [cut] = engine.abort(running)
         assert cut.finish_reason == "abort" and 5 <= len(cut.token_ids) < 120 and engine.in_flight == 0
-        want = last_hidden_states(model, [snap[0].prompt_ids + snap[0].token_ids], 0)
-        assert torch.allclose(torch.tensor([snap[0].info["hidden"]]), want, atol=1e-4, rtol=1e-4)
-        assert abs(snap[0].info["score"] - float(head(want)[0])) < 1e-4 and engine.scored == 1
+        assert cut.token_ids[:5] == snap[0].token_ids and engine.next_completed(timeout=1) == []
+        engine.scored = 0
+        check_scores_in_engine(engine, model, head)
     finally:
         engine.close()
         engine.shutdown()

@@ -110,9 +110,12 @@ class VLLMInProcessRollouts(StreamedRollouts):
 
     def shutdown(self):
         """Stop the engine this backend built and its event loop."""
+        import gc
+
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None
+            gc.collect()  # (AsyncLLM shuts down again when collected: now, not at interpreter exit)
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
 
