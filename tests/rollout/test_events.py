@@ -86,6 +86,8 @@ def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(tmp_path):
             assert cut[0].token_ids[:5] == snap[0].token_ids and engine.in_flight == 0
         finally:
             engine.close()
+        with pytest.raises(RuntimeError, match="hidden states of size 32, the served model's are 64"):
+            VLLMServerRollouts(server.url, quality_head=QualityHead(32, 8, detect_length=5))  # another model's
         torch.manual_seed(0)
         head = QualityHead(model.config.hidden_size, 16, detect_length=5)
         engine = VLLMServerRollouts(server.url, temperature=1.0, extra={"ignore_eos": True}, quality_head=head)

@@ -55,6 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--cold_start", type=int, default=1, help="ARROL: rounds before pruning starts")
     p.add_argument("--server_url", default=None, help="use this running server instead of starting one")
     p.add_argument("--gpu_memory_utilization", type=float, default=0.3)
+    p.add_argument("--max_model_len", type=int, default=1024)
     p.add_argument("--output_dir", default="bench_rollout")
     args = p.parse_args(argv)
     args.methods = parse_choices(p, args.methods, ROLLOUT_METHODS, "method")
@@ -138,7 +139,7 @@ def main(argv=None):
 
     server = (contextlib.nullcontext(type("S", (), {"url": args.server_url})) if args.server_url else
               start_server(model_dir, timeout=900, gpu_memory_utilization=args.gpu_memory_utilization,
-                           max_model_len=1024, env={"HF_HUB_OFFLINE": "1"}))
+                           max_model_len=args.max_model_len, env={"HF_HUB_OFFLINE": "1"}))
     results, raw = {}, {}
     t_all = time.perf_counter()
     with server as s, tempfile.TemporaryDirectory() as tmp:

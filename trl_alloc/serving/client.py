@@ -319,10 +319,12 @@ class AllocVLLMClient(WeightSyncMixin, VLLMClient):
         try:
             return self.collective_rpc("load_quality_head", [payload, int(detect_length)])[0]
         except VLLMRequestError as exc:
-            raise RuntimeError(
-                f"The vLLM server at {self.base_url} cannot score rollouts with the quality head: start it with "
-                f"`--worker-extension-cls {EXTENSION_CLS}` from this trl-alloc (trl-alloc-serve passes it). "
-                f"Underlying error: {exc}") from exc
+            if "load_quality_head" in str(exc) and "attribute" in str(exc):  # the method is not there
+                raise RuntimeError(
+                    f"The vLLM server at {self.base_url} cannot score rollouts with the quality head: start it with "
+                    f"`--worker-extension-cls {EXTENSION_CLS}` from this trl-alloc (trl-alloc-serve passes it). "
+                    f"Underlying error: {exc}") from exc
+            raise RuntimeError(f"The vLLM server at {self.base_url} refused the quality head: {exc}") from exc
 
     def weights_checksum(self) -> dict:
         """The worker extension's report: ``last_push_checksum``, ``num_pushes``, ``head_follows_embedding``."""

@@ -1,0 +1,28 @@
+"""`scripts/bench_rollout.py` end to end on the tiny served model (one round per method): the table's figures add
+up, and with ARROL in the stream the engine's scores equal the trainer-side forward's."""
+
+import importlib.util
+import json
+
+import pytest
+from helpers import build_served_model
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_bench_rollout_runs_and_compares_the_two_scoring_paths(tmp_path, capsys):
+    from trl_alloc.cli.bench_rollout import main
+
+    build_served_model(str(tmp_path / "model"))
+    main(["--model", str(tmp_path / "model"), "--dataset", "builtin:arithmetic", "--levels", "1", "--rounds", "1",
+          "--groups", "2", "--num_generations", "4", "--max_completion_length", "8", "--detect_length", "3",
+          "--cold_start", "0", "--gpu_memory_utilization", "0.1", "--max_model_len", "128", "--methods", "stock,stock_arrol_events",
+          "--output_dir", str(tmp_path / "out")])
+    out = json.load(open(tmp_path / "out" / "bench_rollout.json"))["summary"]
+    assert out["stock"]["responses"] == 8 and out["stock"]["pruned"] == out["stock"]["aborted"] == 0
+    arrol = out["stock_arrol_events"]
+    assert arrol["responses"] == 8 and arrol["pruned"] <= 8
+    scoring = arrol["scoring"]
+    assert scoring["scored"] >= 1 and scoring["max_abs_score_diff"] < 1e-3
+    assert scoring["engine_s_per_scored"] > 0 and scoring["trainer_s_per_scored"] > 0
+    assert "| stock_arrol_events |" in (tmp_path / "out" / "bench_rollout.md").read_text()
