@@ -95,6 +95,36 @@ def test_engine_model_event_rounds_beat_synchronous_calls():
         assert event_n < 1.7 * sync_n, (seed, event_n, sync_n)  # the price: over-admitted prompts aborted
 
 
+def test_engine_model_pruning_in_the_stream_decides_whole_cohorts_and_frees_their_slots():
+    """Snapshots at the detection point are decided a cohort (one submission) at a time; a pruned rollout is
+    aborted there (detect_at tokens, spent, no reward) and the others run on; exact accounting."""
+    def outcome(pid, rng):
+        return (10 if pid == 0 else 60), 1.0  # prompt 0's rollouts end before the point: never snapshotted
+
+    engine = SimulatedRollouts(outcome, max_num_seqs=8, seed=0)  # 8 slots for 24 rollouts: cohorts queue
+    calls = []
+
+    def on_detect(snaps):
+        calls.append([(s.tag, s.info["cohort"], s.info["ended"]) for s in snaps])
+        return [s.rid for s in snaps if s.rid % 2 == 0]
+
+    full = make_filler("full", group_size=4).start_event_round(np.arange(6), budget=24, target_groups=6)
+    driver = run_round(full, engine, lambda pid: [1], lambda r: r.info["success"], 100, max_inflight=24,
+                       detect_at=20, on_detect=on_detect)
+    cohorts = Counter(c for call in calls for _, c, _ in call)
+    assert sorted(cohorts) == [1, 2, 3, 4, 5] and set(cohorts.values()) == {4}  # whole cohorts; prompt 0: none
+    assert not any(e for call in calls for *_, e in call)  # (no rollout ends between 20 and 60 tokens)
+    ended = {r.rid: r for r in driver.ended}
+    assert driver.pruned == {rid for rid in ended if rid % 2 == 0 and ended[rid].tag != 0}
+    for rid, r in ended.items():  # a pruned one runs on while its cohort's last members reach the point
+        if rid in driver.pruned:
+            assert r.finish_reason == "abort" and 20 <= len(r.token_ids) < 60
+        else:
+            assert len(r.token_ids) == (10 if r.tag == 0 else 60)
+    assert full.spent == driver.spent == 24 and full.stats()["pruned"] == len(driver.pruned) == 10
+    assert driver.tokens == sum(len(r.token_ids) for r in driver.ended) < 4 * 10 + 20 * 60
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(tmp_path):
@@ -175,14 +205,20 @@ def test_plan_engine_model_reports_gpu_seconds_per_effective_group(capsys):
     args = argparse.Namespace(prompts=600, rounds=40, budget=8000, unit_size=4, units_per_group=2, capacity=60,
                               tau_low=0.45, history_decay=1.0, drift=1.5, seed=0, engine_methods="uniform,cero+sara",
                               engine_rounds=4, engine_seqs=64, step_ms=25.0, length_median=300.0, length_sigma=0.6,
-                              max_tokens=1024, window=64, gpus_per_engine=2)
+                              max_tokens=1024, window=64, gpus_per_engine=2, engine_prune="uniform",
+                              prune_keep=0.5, detect_length=128)
     rows = engine_table(args)
-    assert set(rows) == {"uniform sync", "cero+sara sync", "cero+sara events"}
+    assert set(rows) == {"uniform sync", "cero+sara sync", "cero+sara events", "uniform events + pruning"}
     for r in rows.values():
         assert r["rounds"] == 4 and 0 < r["responses"] <= 8000 and r["effective_groups"] > 0
         assert r["gpu_s_per_eff"] == pytest.approx(2 * r["engine_s"] / r["effective_groups"])
         assert 0 <= r["idle"] < 1 and r["tokens"] <= r["responses"] * 1024
     assert rows["cero+sara events"]["engine_s"] < rows["cero+sara sync"]["engine_s"]
+    # pruning in the stream: the same responses as full groups, fewer tokens; no pruning elsewhere
+    pruned, full = rows["uniform events + pruning"], rows["uniform sync"]
+    assert pruned["responses"] == full["responses"] and 0 < pruned["pruned"] < pruned["responses"]
+    assert pruned["tokens"] < full["tokens"] and pruned["engine_s"] < full["engine_s"]
+    assert all(r["pruned"] == 0 for name, r in rows.items() if "pruning" not in name)
     assert "GPU-s/eff" in capsys.readouterr().out
 
 

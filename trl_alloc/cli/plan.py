@@ -9,7 +9,9 @@ Then the same fillers on a model of the inference engine (`rollout.simulated`: c
 --engine_seqs sequences, one decode step of --step_ms per token, response lengths lognormal with median
 --length_median under the seeds' 2,048-token cap), for the first --engine_rounds rounds, synchronous
 (each call waits for its longest rollout) and as events: engine seconds per round, responses, tokens and
-GPU-seconds per effective group, and the idle share of the engine. GPU-hours, not responses.
+GPU-seconds per effective group, and the idle share of the engine. GPU-hours, not responses. The
+--engine_prune methods run once more as events with pruning in the stream at --detect_length tokens
+(random at κ = --prune_keep: the compute ARROL's aborts free, without the head's selection).
 """
 
 import argparse
@@ -59,17 +61,19 @@ def engine_table(args):
     for method in methods:
         for events in ((False,) if "+" not in method else (False, True)):  # full groups: one call either way
             rows[f"{method} {'events' if events else 'sync'}"] = simulate_engine(method, events, args, args.engine_rounds)
+    for method in [m for m in args.engine_prune.split(",") if m]:
+        rows[f"{method} events + pruning"] = simulate_engine(method, True, args, args.engine_rounds, args.prune_keep)
     print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step, lengths median "
           f"{args.length_median:g} (σ {args.length_sigma:g}) cut at {args.max_tokens}, window {args.window}, "
-          f"first {args.engine_rounds} rounds")
-    cols = ("s/round", "responses/eff", "tokens/eff", "GPU-s/eff", "aborted", "idle")
+          f"first {args.engine_rounds} rounds; pruning: random at κ = {args.prune_keep:g} at {args.detect_length} tokens")
+    cols = ("s/round", "responses/eff", "tokens/eff", "GPU-s/eff", "aborted", "pruned", "idle")
     print(f"{'method':<34}" + "".join(f"{c:>15}" for c in cols))
     for name, r in rows.items():
         eff = max(r["effective_groups"], 1)
         r.update({"s_per_round": r["engine_s"] / max(r["rounds"], 1), "responses_per_eff": r["responses"] / eff,
                   "tokens_per_eff": r["tokens"] / eff, "gpu_s_per_eff": r["engine_s"] * args.gpus_per_engine / eff})
         vals = (r["s_per_round"], r["responses_per_eff"], r["tokens_per_eff"], r["gpu_s_per_eff"], r["aborted"],
-                r["idle"])
+                r["pruned"], r["idle"])
         print(f"{name:<34}" + "".join(f"{v:>15.2f}" if isinstance(v, float) else f"{v:>15}" for v in vals))
     return rows
 
@@ -90,6 +94,10 @@ def main(argv=None):
                         "knapsack,uniform+sara,cero+sara,uniform+dynamic_sampling")
     parser.add_argument("--engine_methods", default="uniform,uniform+dynamic_sampling,uniform+sara,cero+sara",
                         help="methods run on the engine model ('' skips it)")
+    parser.add_argument("--engine_prune", default="uniform,cero+sara",
+                        help="methods also run as events with pruning in the stream (random at --prune_keep)")
+    parser.add_argument("--prune_keep", type=float, default=0.5, help="κ: share of the eligible rollouts kept")
+    parser.add_argument("--detect_length", type=int, default=512, help="the detection point (tokens)")
     parser.add_argument("--engine_rounds", type=int, default=30)
     parser.add_argument("--engine_seqs", type=int, default=256, help="sequences decoded at once (max_num_seqs)")
     parser.add_argument("--step_ms", type=float, default=25.0, help="one decode step of the engine")
