@@ -37,6 +37,20 @@ def test_batched_rollouts_are_one_generate_call_over_everything_pending(tiny_ran
     assert all(r.finish_reason in ("stop", "length") for r in done)
 
 
+def check_arrival_order(engine):
+    """Short rollouts arrive before a long one; every rollout once, with all its tokens and log-probs."""
+    long = engine.submit([5, 6, 7], n=1, max_tokens=100, tag="long")
+    short = engine.submit([8, 9], n=3, max_tokens=4, tag="short")
+    first = engine.next_completed(timeout=120)
+    assert first and all(r.tag == "short" for r in first)  # 4 tokens finish before 100
+    seen = list(first)
+    while engine.in_flight:
+        seen += engine.next_completed(timeout=120)
+    assert sorted(r.rid for r in seen) == sorted(long + short)  # each exactly once
+    assert all(len(r.token_ids) == r.max_tokens == len(r.logprobs) and r.finish_reason == "length" for r in seen)
+    assert all(lp <= 0 for r in seen for lp in r.logprobs)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(tmp_path):
@@ -49,16 +63,7 @@ def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(tmp_path):
     with start_server(str(tmp_path / "model"), timeout=600, env={"HF_HUB_OFFLINE": "1"}) as server:
         engine = VLLMServerRollouts(server.url, temperature=1.0, seed=0, extra={"ignore_eos": True})
         try:
-            long = engine.submit([5, 6, 7], n=1, max_tokens=100, tag="long")
-            short = engine.submit([8, 9], n=3, max_tokens=4, tag="short")
-            first = engine.next_completed(timeout=120)
-            assert first and all(r.tag == "short" for r in first)  # 4 tokens finish before 100
-            seen = list(first)
-            while engine.in_flight:
-                seen += engine.next_completed(timeout=120)
-            assert sorted(r.rid for r in seen) == sorted(long + short)  # each exactly once
-            assert all(len(r.token_ids) == r.max_tokens and r.finish_reason == "length" for r in seen)
-            assert all(len(r.logprobs) == len(r.token_ids) for r in seen)
+            check_arrival_order(engine)
             # abort: the rollout comes back with the tokens it had, and no later
             running = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="cut")
             cut = engine.abort(running)
@@ -143,16 +148,7 @@ def test_inprocess_vllm_rollouts_stream_abort_and_score_in_the_engine(tmp_path, 
     engine = VLLMInProcessRollouts.start(str(tmp_path / "model"), temperature=1.0, extra={"ignore_eos": True},
                                          quality_head=head, request_timeout=120)
     try:
-        long = engine.submit([5, 6, 7], n=1, max_tokens=100, tag="long")
-        short = engine.submit([8, 9], n=3, max_tokens=4, tag="short")
-        first = engine.next_completed(timeout=120)
-        assert first and all(r.tag == "short" for r in first)  # 4 tokens finish before 100
-        seen = list(first)
-        while engine.in_flight:
-            seen += engine.next_completed(timeout=120)
-        assert sorted(r.rid for r in seen) == sorted(long + short)  # each exactly once
-        assert all(len(r.token_ids) == r.max_tokens == len(r.logprobs) and r.finish_reason == "length" for r in seen)
-        assert all(lp <= 0 for r in seen for lp in r.logprobs)
+        check_arrival_order(engine)
 
         running = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="cut", detect_at=5)
         snap = engine.next_completed(timeout=120)

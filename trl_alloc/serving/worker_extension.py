@@ -141,6 +141,8 @@ class AllocWorkerExtension:
     def quality_scores(self, request_ids: list) -> dict:
         """{request id: [logit, hidden state]} for those of `request_ids` scored at the detection point
         (ids as the client sent them); collected scores are forgotten."""
+        if getattr(self, "_alloc_hook_error", None):
+            raise RuntimeError(f"scoring at the detection point failed in the worker: {self._alloc_hook_error}")
         kept, wanted, out = getattr(self, "_alloc_scores", {}), set(request_ids), {}
         for key in [k for k in kept if _client_request_id(k) in wanted]:
             logit, hidden = kept.pop(key)
@@ -148,37 +150,37 @@ class AllocWorkerExtension:
         return out
 
     def _alloc_score_hook(self, module, args, kwargs, output):
-        """Score the rows at their request's detection point (see the module docstring)."""
+        """Score the rows at their request's detection point (module docstring). It never raises into the
+        engine: an error is kept and reported by `quality_scores`."""
         import time
 
+        t0 = time.perf_counter()
+        try:
+            self._alloc_score_rows(output[0] if isinstance(output, tuple) else output, kwargs.get("positions"))
+        except Exception as exc:  # noqa: BLE001 -- the engine must go on; the client gets the error
+            self._alloc_hook_error = f"{type(exc).__name__}: {exc}"
+        self._alloc_hook_s = getattr(self, "_alloc_hook_s", 0.0) + time.perf_counter() - t0
+
+    def _alloc_score_rows(self, hidden, positions):
         import numpy as np
         import torch
 
-        t0 = time.perf_counter()
         runner = self.model_runner
-        batch = runner.input_batch
+        batch, prefix = runner.input_batch, f"cmpl-{REQUEST_PREFIX}"
         n = batch.num_reqs
-        ids = batch.req_ids[:n]
-        if not any(r.startswith(f"cmpl-{REQUEST_PREFIX}") for r in ids):
-            return None
-        hidden = output[0] if isinstance(output, tuple) else output
-        positions = kwargs.get("positions")
-        if positions is None or positions.dim() != 1:
-            return None
+        ours = [i for i, r in enumerate(batch.req_ids[:n]) if isinstance(r, str) and r.startswith(prefix)]
+        if not ours or positions is None or positions.dim() != 1:
+            return
         starts = runner.query_start_loc.np[:n + 1]
-        target = batch.num_prompt_tokens[:n] + self._alloc_detect_length - 1
-        rows, keys = [], []
-        for i, rid in enumerate(ids):
-            if not rid.startswith(f"cmpl-{REQUEST_PREFIX}") or starts[i + 1] <= starts[i]:
-                continue
-            row = int(starts[i] + target[i] - int(positions[starts[i]]))
-            if starts[i] <= row < starts[i + 1]:
-                rows.append(row)
-                keys.append(rid)
-        if not rows:
-            return None
+        first = positions[torch.as_tensor(starts[ours], device=positions.device)].cpu().numpy()
+        target = batch.num_prompt_tokens[ours] + self._alloc_detect_length - 1
+        rows = starts[ours] + target - first  # the detection point's row, if it is in this step
+        hit = (rows >= starts[ours]) & (rows < starts[np.asarray(ours) + 1])
+        if not hit.any():
+            return
+        keys = [batch.req_ids[i] for i, h in zip(ours, hit) if h]
         with torch.no_grad():
-            h = hidden[torch.as_tensor(np.asarray(rows))].to(torch.float32)
+            h = hidden[torch.as_tensor(rows[hit], device=hidden.device)].to(torch.float32).cpu()
             (w1, b1), (w2, b2) = self._alloc_head
             logits = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(h, w1, b1)),
                                                 w2, b2).squeeze(-1)
@@ -188,8 +190,6 @@ class AllocWorkerExtension:
         while len(kept) > _MAX_KEPT_SCORES:
             kept.pop(next(iter(kept)))
         self._alloc_scored = getattr(self, "_alloc_scored", 0) + len(keys)
-        self._alloc_hook_s = getattr(self, "_alloc_hook_s", 0.0) + time.perf_counter() - t0
-        return None
 
     # ------------------------------------------------------------------ internals
     def _alloc_reload(self, weights: dict) -> dict:
