@@ -235,3 +235,35 @@ def test_a_rollout_the_server_cannot_generate_fails_the_round_clearly():
             run_round(ds_round(8, 2, 1), engine, lambda pid: [1, 2], lambda r: 1.0, max_tokens=4, timeout=30)
     finally:
         engine.close()
+
+
+def test_pruning_only_mixed_prompts_spares_saras_probes():
+    """`prune_undecided=False`: the engine model's SARA round with pruning allowed only where the prompt is known
+    to be mixed; every pruned rollout belongs to such a prompt (the rest of a committed group), probes never."""
+    from trl_alloc.allocation.arrol import RandomPruning
+
+    p = np.random.default_rng(0).uniform(0.3, 0.7, 200)
+
+    def outcome(pid, rng):
+        return int(rng.lognormal(np.log(300), 0.5)) + 50, float(rng.random() < p[pid])
+
+    rnd = make_filler("sara", group_size=8).start_event_round(np.arange(200), 1200, 16)
+    engine = SimulatedRollouts(outcome, max_num_seqs=64, seed=0)
+    policy, cut_mixed = RandomPruning(keep_ratio=0.5, cold_start_rounds=0, seed=0), []
+
+    def on_detect(snaps):
+        allowed = [rnd.mixed(s.tag) and not s.info["ended"] for s in snaps]
+        cut = policy.prune([s.info["cohort"] for s in snaps]) & np.asarray(allowed)
+        cut_mixed.extend(rnd.mixed(s.tag) for s, c in zip(snaps, cut) if c)
+        return [s.rid for s, c in zip(snaps, cut) if c]
+
+    driver = run_round(rnd, engine, lambda pid: [1], lambda r: r.info["success"], 1024, max_inflight=64,
+                       detect_at=40, on_detect=on_detect)
+    assert driver.pruned and len(cut_mixed) >= len(driver.pruned) and all(cut_mixed)
+    submitted_first = {}
+    for kind, pid, rid in driver.events:  # a prompt's first submission is its probe: never pruned
+        if kind == "submit":
+            submitted_first.setdefault(pid, []).append(rid)
+    probes = {rid for rids in submitted_first.values() for rid in rids[:2]}
+    assert not probes & driver.pruned
+    assert driver.spent == rnd.spent <= 1200 and rnd.stats()["pruned"] == len(driver.pruned)

@@ -89,6 +89,10 @@ class EventRound(Round):
             self.observe_rollout(r["pid"], r["success"], pruned=r.get("pruned", False), aborted=r.get("aborted", False))
         return sorted(self.cancelled)
 
+    def mixed(self, pid):
+        """Whether `pid` has both a success and a failure observed this round (its group has signal)."""
+        return self.successes.get(int(pid), 0) >= 1 and self.failures.get(int(pid), 0) >= 1
+
     def _cancel(self, pid):
         if self.live[pid] > 0:
             self.cancelled.add(pid)

@@ -28,6 +28,7 @@ ROLLOUT_METHODS = {
     "sara_events": ("uniform", "sara", True, "none"),
     "cero_sara_events": ("cero", "sara", True, "none"),
     "cero_sara_arrol_events": ("cero", "sara", True, "arrol"),
+    "cero_sara_arrol_mixed_events": ("cero", "sara", True, "arrol"),  # prune_undecided=False
 }
 
 
@@ -86,7 +87,7 @@ def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_promp
 
     def on_detect(snaps):
         snapshots.extend(snaps)
-        return pruner.decide_snapshots(snaps)
+        return pruner.decide_snapshots(snaps, None if config.prune_undecided else engine.current_round.mixed)
 
     with EngineMonitor(base_url, window) as monitor:
         for _ in range(rounds):

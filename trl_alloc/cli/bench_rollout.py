@@ -13,6 +13,8 @@ Methods, at equal settings (B target groups of k, the same prompts, max tokens a
   cero_sara_arrol_events  the same with ARROL in the stream: the worker scores each rollout at
                     `--detect_length` tokens, pruned ones are aborted in the engine (head trained online,
                     `--cold_start` rounds without pruning)
+  cero_sara_arrol_mixed_events  the same with `prune_undecided=False`: only rollouts of prompts already
+                    known to be mixed are pruned (SARA's probes never are)
 
 Per method: s/round, responses / tokens / seconds per effective group (mixed group), aborted and pruned
 rollouts, and the engine's idle share (no request running) and occupancy (mean running / window) from the
@@ -74,7 +76,8 @@ def method_config(method, args, out):
                            max_completion_length=args.max_completion_length, temperature=args.temperature,
                            rollout_max_inflight=args.max_inflight, seed=args.seed, use_cpu=True, report_to=[],
                            max_generation_batches=10, tau_low=0.45, history_decay=None, pruning=pruning,
-                           detect_length=args.detect_length, cold_start_steps=args.cold_start, head_hidden_size=64)
+                           detect_length=args.detect_length, cold_start_steps=args.cold_start, head_hidden_size=64,
+                           prune_undecided=not method.endswith("_mixed_events"))
 
 
 def table(results):

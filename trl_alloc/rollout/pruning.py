@@ -113,15 +113,17 @@ class RolloutPruner:
             cut &= np.asarray(decidable, bool)
         return sorted(k for k, c in zip(keys, cut) if c)
 
-    def decide_snapshots(self, snapshots):
+    def decide_snapshots(self, snapshots, prunable=None):
         """In-stream pruning (`rollout.streaming.RoundDriver`'s `on_detect`): the snapshots of complete cohorts,
         scored in the engine (`info["score"]`, `info["hidden"]`), -> rollout ids to prune. A cohort (one
-        submission's rollouts) is the group the survival probabilities are normalised over."""
+        submission's rollouts) is the group the survival probabilities are normalised over; `prunable(tag)`
+        (default: all) says whether a prompt's rollouts may be cut (`prune_undecided=False`: mixed ones only)."""
         scored = self.head is not None
         return self.decide([s.info["cohort"] for s in snapshots], [s.rid for s in snapshots],
                            [s.info["hidden"] for s in snapshots] if scored else None,
                            [s.info["score"] for s in snapshots] if scored else None,
-                           decidable=[not s.info["ended"] for s in snapshots])
+                           decidable=[not s.info["ended"] and (prunable is None or prunable(s.tag))
+                                      for s in snapshots])
 
     def record(self, rows):
         """After rewards: queue (features, logit, label) of completed eligible rollouts for the head and the

@@ -121,6 +121,10 @@ class AllocGRPOConfig(GRPOConfig):
     detect_length: int = field(default=512, metadata={
         "help": "ARROL detection length L_detect in tokens: every rollout generates up to this many tokens, then the "
         "unfinished ones are scored once and pruned or continued. Must be below max_completion_length."})
+    prune_undecided: bool = field(default=True, metadata={
+        "help": "Events mode: True (SPEC) = ARROL may prune any eligible rollout; False = only rollouts of prompts "
+        "already known to be mixed (a success and a failure observed), so SARA's probes, whose outcomes decide "
+        "a prompt, are never cut (with full groups that leaves almost nothing to prune)."})
     keep_ratio: float = field(default=0.5, metadata={
         "help": "ARROL keep ratio κ: expected fraction of the rollouts reaching detect_length that survive."})
     target_ratio: float = field(default=0.5, metadata={
