@@ -18,17 +18,18 @@ from ..rollout.events import VLLMServerRollouts
 from ..rollout.pruning import RolloutPruner
 from ..rollout.streaming import run_round
 
-# name -> (pacing, filling, events, pruning)
+ARROL = {"pruning": "arrol"}
+# name -> (pacing, filling, events, other config fields)
 ROLLOUT_METHODS = {
-    "stock": ("uniform", "full", False, "none"),
-    "stock_arrol_events": ("uniform", "full", True, "arrol"),
-    "dapo_sync": ("uniform", "dynamic_sampling", False, "none"),
-    "dapo_events": ("uniform", "dynamic_sampling", True, "none"),
-    "sara_sync": ("uniform", "sara", False, "none"),
-    "sara_events": ("uniform", "sara", True, "none"),
-    "cero_sara_events": ("cero", "sara", True, "none"),
-    "cero_sara_arrol_events": ("cero", "sara", True, "arrol"),
-    "cero_sara_arrol_mixed_events": ("cero", "sara", True, "arrol"),  # prune_undecided=False
+    "stock": ("uniform", "full", False, {}),
+    "stock_arrol_events": ("uniform", "full", True, ARROL),
+    "dapo_sync": ("uniform", "dynamic_sampling", False, {}),
+    "dapo_events": ("uniform", "dynamic_sampling", True, {}),
+    "sara_sync": ("uniform", "sara", False, {}),
+    "sara_events": ("uniform", "sara", True, {}),
+    "cero_sara_events": ("cero", "sara", True, {}),
+    "cero_sara_arrol_events": ("cero", "sara", True, ARROL),
+    "cero_sara_arrol_mixed_events": ("cero", "sara", True, {**ARROL, "prune_undecided": False}),
 }
 
 
@@ -78,16 +79,16 @@ def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_promp
     config: an `AllocGRPOConfig` with the method's pacing, filling (and pruning); prompt_ids_of(pid) -> token
     ids; score(rollout) -> its success (1/0); hidden_size: the served model's (for the quality head). Returns
     per-round figures, the engine's occupancy and, with pruning, the scored snapshots of the last round."""
-    _, _, events, pruning = ROLLOUT_METHODS[method]
-    plan = {"pacing": config.pacing, "filling": config.filling, "pruning": pruning}
-    pruner = None if pruning == "none" else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
+    events = ROLLOUT_METHODS[method][2]
+    plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
+    pruner = None if config.pruning == "none" else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
     engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
     window = config.rollout_max_inflight or config.generation_batch_size
     per_round, snapshots, head_state = [], [], None
 
     def on_detect(snaps):
         snapshots.extend(snaps)
-        return pruner.decide_snapshots(snaps, None if config.prune_undecided else engine.current_round.mixed)
+        return pruner.decide_snapshots(snaps, engine.current_round)
 
     with EngineMonitor(base_url, window) as monitor:
         for _ in range(rounds):

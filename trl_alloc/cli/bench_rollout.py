@@ -67,7 +67,7 @@ def parse_args(argv=None):
 def method_config(method, args, out):
     from ..trainer.config import AllocGRPOConfig
 
-    pacing, filling, _, pruning = ROLLOUT_METHODS[method]
+    pacing, filling, _, fields = ROLLOUT_METHODS[method]
     k, b, r = args.num_generations, args.groups, args.rounds
     # CERO paces stock's total (r rounds of B × k); uniform pacing gets 10× the rounds' budget, so that no
     # round of SARA or dynamic sampling is cut by the total (only the first r rounds run)
@@ -75,9 +75,9 @@ def method_config(method, args, out):
                            filling=filling, num_rounds=r if pacing == "cero" else 10 * r, target_groups=b,
                            max_completion_length=args.max_completion_length, temperature=args.temperature,
                            rollout_max_inflight=args.max_inflight, seed=args.seed, use_cpu=True, report_to=[],
-                           max_generation_batches=10, tau_low=0.45, history_decay=None, pruning=pruning,
+                           max_generation_batches=10, tau_low=0.45, history_decay=None,
                            detect_length=args.detect_length, cold_start_steps=args.cold_start, head_hidden_size=64,
-                           prune_undecided=not method.endswith("_mixed_events"))
+                           **fields)
 
 
 def table(results):
@@ -99,7 +99,7 @@ def compare_scoring(model_dir, snaps, last_round, head_state, pad_id):
     from ..rollout.quality_head import QualityHead, last_hidden_states
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
-    head = QualityHead(model.config.hidden_size, 64)
+    head = QualityHead(model.config.hidden_size, head_state["net.0.weight"].shape[0])
     head.load_state_dict(head_state)
     t0 = time.perf_counter()
     hidden = last_hidden_states(model, [s["prompt_ids"] + s["token_ids"] for s in snaps], pad_id, batch_size=8)

@@ -276,8 +276,6 @@ class VLLMServerRollouts(StreamedRollouts):
         super().__init__(request_timeout, quality_head)
 
     def _rpc(self, method, *args):
-        if method == "load_quality_head":  # (the client's clear error for a server without the extension)
-            return self.client.load_quality_head_payload(*args)
         return self.client.collective_rpc(method, args)[0]
 
     def _start(self, r, cancel):

@@ -58,6 +58,7 @@ class RolloutPruner:
         if policy is None:
             raise ValueError(f"pruning={self.mode!r} prunes nothing: build no RolloutPruner for it.")
         self.detect_length = int(args.detect_length)
+        self.prune_undecided = bool(args.prune_undecided)
         self.max_completion_length = int(args.max_completion_length)
         self.policy = policy(
             keep_ratio=args.keep_ratio, target_ratio=args.target_ratio, slope=args.survival_slope,
@@ -113,12 +114,13 @@ class RolloutPruner:
             cut &= np.asarray(decidable, bool)
         return sorted(k for k, c in zip(keys, cut) if c)
 
-    def decide_snapshots(self, snapshots, prunable=None):
+    def decide_snapshots(self, snapshots, event_round):
         """In-stream pruning (`rollout.streaming.RoundDriver`'s `on_detect`): the snapshots of complete cohorts,
         scored in the engine (`info["score"]`, `info["hidden"]`), -> rollout ids to prune. A cohort (one
-        submission's rollouts) is the group the survival probabilities are normalised over; `prunable(tag)`
-        (default: all) says whether a prompt's rollouts may be cut (`prune_undecided=False`: mixed ones only)."""
+        submission's rollouts) is the group the survival probabilities are normalised over. With
+        `prune_undecided=False` only prompts `event_round.mixed` says are mixed can be cut."""
         scored = self.head is not None
+        prunable = None if self.prune_undecided else event_round.mixed
         return self.decide([s.info["cohort"] for s in snapshots], [s.rid for s in snapshots],
                            [s.info["hidden"] for s in snapshots] if scored else None,
                            [s.info["score"] for s in snapshots] if scored else None,

@@ -311,21 +311,6 @@ class AllocVLLMClient(WeightSyncMixin, VLLMClient):
                              f"server's has {show(served)}, the trainer's {show(mine)}. Start the server with the "
                              f"trainer's model (trl-alloc-serve --model {getattr(config, '_name_or_path', '') or 'DIR'}).")
 
-    # ------------------------------------------------------------------ ARROL's head in the engine
-    def load_quality_head_payload(self, payload: str, detect_length: int) -> dict:
-        """Send the quality head's weights (base64 safetensors of `QualityHead.state_dict()`, a few hundred KB)
-        to the worker, which then scores streamed rollouts at `detect_length` tokens
-        (`worker_extension.load_quality_head`)."""
-        try:
-            return self.collective_rpc("load_quality_head", [payload, int(detect_length)])[0]
-        except VLLMRequestError as exc:
-            if "load_quality_head" in str(exc) and "attribute" in str(exc):  # the method is not there
-                raise RuntimeError(
-                    f"The vLLM server at {self.base_url} cannot score rollouts with the quality head: start it with "
-                    f"`--worker-extension-cls {EXTENSION_CLS}` from this trl-alloc (trl-alloc-serve passes it). "
-                    f"Underlying error: {exc}") from exc
-            raise RuntimeError(f"The vLLM server at {self.base_url} refused the quality head: {exc}") from exc
-
     def weights_checksum(self) -> dict:
         """The worker extension's report: ``last_push_checksum``, ``num_pushes``, ``head_follows_embedding``."""
         return self.collective_rpc("weights_checksum")[0]

@@ -51,11 +51,6 @@ class EventRoundMixin:
                                   top_k=args.top_k or 0, max_inflight=self.rollout_window,
                                   request_timeout=args.vllm_server_timeout, extra=extra, quality_head=head)
 
-    def _prune_in_stream(self, snapshots):
-        """ARROL at the detection point (main process), on the engine's scores of complete cohorts."""
-        mixed = None if self.args.prune_undecided else self.engine.current_round.mixed
-        return self.pruner.decide_snapshots(snapshots, prunable=mixed)
-
     def _run_event_round(self):
         """The round's rows and its log (the order of events, seconds waited on the engine), on every rank."""
         if self.use_vllm:
@@ -69,11 +64,15 @@ class EventRoundMixin:
 
         if self.accelerator.is_main_process:
             in_stream = self.use_vllm and self.pruner is not None
+
+            def prune(snapshots):  # ARROL at the detection point, on the engine's scores
+                return self.pruner.decide_snapshots(snapshots, self.engine.current_round)
+
             driver = RoundDriver(self.engine, self._rollout_engine(), prompt_ids_of,
                                  self.args.max_completion_length, self.rollout_window,
                                  timeout=self.args.vllm_server_timeout if self.use_vllm else None,
                                  detect_at=self.pruner.detect_length if in_stream else None,
-                                 on_detect=self._prune_in_stream if in_stream else None)
+                                 on_detect=prune if in_stream else None)
         rows = []
         try:
             while (batch := self._main_call(lambda: None if (b := driver.poll()) is None else _plain(b))) is not None:
