@@ -45,9 +45,10 @@ class Pacer:
         """This round's admission order; the proposed prompts come first."""
         raise NotImplementedError
 
-    def update(self, successes, failures, responses=None):
+    def update(self, successes, failures, responses=None, prepaid=None):
         """Consume the round's per-prompt success/failure counts; ``responses`` (default S + F) is what
-        was spent per prompt, pruned responses included."""
+        was spent per prompt, pruned responses included. ``prepaid`` (stream mode): per prompt, the
+        observed rollouts an earlier round spent (carried over), so S + F <= responses + prepaid."""
         raise NotImplementedError
 
     @property

@@ -19,11 +19,12 @@ class _BudgetedPacer(Pacer):
         self.round = 0
         self.last_units = np.zeros(self.num_prompts, np.int64)
 
-    def _consume(self, successes, failures, responses):
+    def _consume(self, successes, failures, responses, prepaid=None):
         s = check_counts("successes", successes, self.num_prompts)
         f = check_counts("failures", failures, self.num_prompts)
         spent = s + f if responses is None else check_counts("responses", responses, self.num_prompts)
-        if np.any(s + f > spent):
+        paid = 0 if prepaid is None else check_counts("prepaid", prepaid, self.num_prompts)
+        if np.any(s + f > spent + paid):
             raise ValueError("`successes + failures` exceeds `responses` for some prompt: every observed "
                              "reward must belong to a spent response.")
         total = int(spent.sum())
@@ -80,8 +81,8 @@ class UniformPacer(_BudgetedPacer):
         self.last_units = units
         return units
 
-    def update(self, successes, failures, responses=None):
-        _, _, spent = self._consume(successes, failures, responses)
+    def update(self, successes, failures, responses=None, prepaid=None):
+        _, _, spent = self._consume(successes, failures, responses, prepaid)
         used = np.flatnonzero(spent[self.ranked_prompts] > 0)
         advance = int(used[-1]) + 1 if used.size else 0
         while advance > 0:
@@ -180,10 +181,10 @@ class KnapsackPacer(UniformPacer):
         self.last_units = units
         return units
 
-    def update(self, successes, failures, responses=None):
+    def update(self, successes, failures, responses=None, prepaid=None):
         s = check_counts("successes", successes, self.num_prompts)
         f = check_counts("failures", failures, self.num_prompts)
-        super().update(s, f, responses)
+        super().update(s, f, responses, prepaid)
         seen = np.flatnonzero(s + f > 0)
         n = s[seen] + f[seen]
         keep = np.minimum(n, self.history)
@@ -212,8 +213,13 @@ class FullFiller:
     def start_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None):
         return FullRound(stream, budget, self.group_size, target_groups, counts)
 
-    def start_event_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None):
-        """The same round as events: one submission of every group."""
+    def start_event_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None,
+                          carry=None):
+        """The same round as events: one submission of every group. With `carry` (stream mode) each group is
+        committed as its last rollout ends and the round closes at its number of groups (`FullEventRound`)."""
+        if carry is not None:
+            return FullEventRound(*FullRound(stream, budget, self.group_size, target_groups, counts)._pending,
+                                  budget, carry)
         return BatchedEventRound(self.start_round(stream, budget, target_groups, counts))
 
     def state_dict(self):
@@ -264,10 +270,10 @@ class DynamicSamplingFiller:
         return DynamicSamplingRound(stream, budget, self.group_size, target_groups,
                                     self.max_generation_batches, self.batch_prompts or target_groups)
 
-    def start_event_round(self, stream, budget, target_groups, counts=None, prior_a=None, prior_b=None):
+    def start_event_round(self, stream, budget, target_groups, counts=None, prior_a=None, prior_b=None, carry=None):
         """The same round as events (`DynamicSamplingEventRound`); the cap is the same number of prompts."""
         return DynamicSamplingEventRound(stream, budget, self.group_size, check_int("target_groups", target_groups, 0),
-                                         self.max_generation_batches * (self.batch_prompts or target_groups))
+                                         self.max_generation_batches * (self.batch_prompts or target_groups), carry)
 
     def state_dict(self):
         return {}
@@ -321,11 +327,22 @@ class DynamicSamplingEventRound(EventRound):
     room for one; a group is kept when its k-th rollout ends with varied outcomes. Starting more than
     `max_prompts` prompts without reaching the target is DAPO's cap (an error, as in the batched round)."""
 
-    def __init__(self, stream, budget, group_size, target, max_prompts):
-        super().__init__(budget)
-        self.stream, self.k, self.target = np.asarray(stream, np.int64), group_size, target
+    def __init__(self, stream, budget, group_size, target, max_prompts, carry=None):
+        super().__init__(budget, carry)
+        stream = np.asarray(stream, np.int64)
+        self.stream = stream[~np.isin(stream, [int(p) for p in carry or {}])]  # carried groups are resumed
+        self.k, self.target = group_size, target
         self.max_prompts, self.next = max_prompts, 0
         self.results, self.rejected = {}, []
+        self._adopt_carry(carry)
+
+    def _adopt(self, pid, state):
+        self.results[pid] = list(state["results"])
+
+    def _open_groups(self):
+        judged = set(self.groups) | set(self.rejected)
+        return {pid: {"results": list(got)} for pid, got in self.results.items()
+                if pid not in judged and len(got) < self.k}
 
     def _next(self, room):
         out = []
@@ -357,3 +374,60 @@ class DynamicSamplingEventRound(EventRound):
                 self._close()
         else:
             self.rejected.append(pid)
+
+
+class FullEventRound(EventRound):
+    """Full groups as a stream (stock GRPO the way verl's and AReaL's asynchronous trainers run it): each
+    prompt's rollouts are started as the window has room, a group is committed as its last rollout ends, and
+    the round closes once it has as many groups as it has prompts; a group still running then goes on into
+    the next round (`carry`), which counts it among its own."""
+
+    def __init__(self, stream, counts, budget, carry=None):
+        super().__init__(budget, carry)
+        carried = [int(p) for p in carry or {}]
+        fresh = ~np.isin(stream, carried)
+        self.queue = [[int(p), int(n)] for p, n in zip(np.asarray(stream)[fresh], np.asarray(counts)[fresh])]
+        self.target = len(self.queue)
+        self.size, self.results = {}, {}  # prompt id -> its group's size; outcomes so far
+        self._adopt_carry(carry)
+
+    def _adopt(self, pid, state):
+        self.size[pid], self.results[pid] = int(state["size"]), list(state["results"])
+        if state["unstarted"]:
+            self.queue.insert(0, [pid, int(state["unstarted"])])
+
+    def _open_groups(self):
+        unstarted = dict(self.queue)
+        return {pid: {"size": self.size[pid], "results": list(got), "unstarted": unstarted.get(pid, 0)}
+                for pid, got in self.results.items() if pid not in set(self.groups)}
+
+    def _next(self, room):
+        out = []
+        while room > 0 and self.queue and len(self.groups) < self.target:
+            pid, n = self.queue[0]
+            take = min(n, room, self.budget - self.spent - sum(t for _, t in out))
+            if take <= 0:
+                break
+            if pid not in self.size:
+                self.size[pid], self.results[pid] = n, []
+            out.append((pid, take))
+            room -= take
+            if take == n:
+                self.queue.pop(0)
+            else:
+                self.queue[0][1] -= take
+        return out
+
+    def _exhausted(self):
+        return not self.queue or self.spent >= self.budget
+
+    def _on_rollout(self, pid, observed):
+        got = self.results[pid]
+        got.append(observed)
+        if len(got) < self.size[pid]:
+            return
+        seen = [x for x in got if x is not None]
+        self.groups.append(pid)
+        self.effective += int(0 < sum(seen) < len(seen))
+        if len(self.groups) >= self.target:
+            self._close()

@@ -160,11 +160,17 @@ class CEROScheduler(_BudgetedPacer):
         self._ranked = np.concatenate([self.ranked_prompts, full_order[keep & ~np.isin(full_order, self.ranked_prompts)]])
         return full_order[keep], executed[keep]
 
-    def update(self, successes, failures, responses=None):
-        """Eq. 5 (all prompts), eq. 6, eq. 9 at θ = c̄ϑ, then eq. 10; budget falls by what was spent."""
+    def update(self, successes, failures, responses=None, prepaid=None):
+        """Eq. 5 (all prompts), eq. 6, eq. 9 at θ = c̄ϑ, then eq. 10; budget falls by what was spent.
+
+        Under delayed feedback (stream mode) the round's update sees exactly: the outcomes of the rollouts
+        that *ended* during the round (those it carried in from the previous round included, `prepaid`),
+        and the spend of every rollout it *started*, in flight ones included (reserved). A carried rollout's
+        outcome reaches eq. 5 in the update of the round in which it ends; eq. 10 is unchanged (it uses the
+        virtual proposal Ñ, known at proposal time). Exposure counts spend, so it is reserved likewise."""
         if responses is None:
             responses = self.last_units * self.unit_size
-        s, f, spent = self._consume(successes, failures, responses)
+        s, f, spent = self._consume(successes, failures, responses, prepaid)
         self.exposure += spent / self.unit_size
         self.beta.update(s, f)
         c = 4.0 * self.saturation * self.beta.proxy() / self.R
@@ -275,8 +281,9 @@ class RandomMatched(_BudgetedPacer):
         self.last_units = units
         return units
 
-    def update(self, successes, failures, responses=None):
-        self._consume(successes, failures, self.last_units * self.unit_size if responses is None else responses)
+    def update(self, successes, failures, responses=None, prepaid=None):
+        self._consume(successes, failures, self.last_units * self.unit_size if responses is None else responses,
+                      prepaid)
 
     @property
     def finished(self):

@@ -17,6 +17,15 @@ exactly once. An aborted rollout is a spent response without reward (`aborted`),
   as the budget, the target and the window allow; an abandoned prompt's in-flight rollouts are aborted.
 - `baselines.DynamicSamplingEventRound`: DAPO's dynamic sampling: whole groups, each judged as its k-th rollout ends.
 - `BatchedEventRound`: any batched `Round` as events (each of its requests is one submission).
+
+Carry-over (`rollout_mode="stream"`, APRIL-style; a round started with `carry=...`, `{}` for the first): the
+round closes as soon as it has its groups or has started its whole budget (so it never waits on its slowest
+rollouts), and its open groups are not aborted. `hand_over(expire)` gives them, with their rollouts still in
+flight and what they observed so far, to the next round (`start_event_round(..., carry=...)`), which resumes
+them first and excludes them from its fresh stream; so a group may straddle a round boundary. Accounting
+stays exact across rounds: a rollout is spent by the round that started it (`outcomes` reports what each
+prompt *started* this round, in-flight ones included, so the pacer reserves them), and observed by the round
+in which it ends (`prepaid`: the rollouts a round adopted, paid for by an earlier one).
 """
 
 from collections import Counter
@@ -31,12 +40,60 @@ class EventRound(Round):
     (the (pid, n) to start now) and `_on_rollout(pid, observed)` (observed: 0/1, or None for a rollout that
     ended without a reward: pruned, unscored)."""
 
-    def __init__(self, budget):
+    def __init__(self, budget, carry=None):
         super().__init__(budget)
         self.aborted = {}
         self.live = Counter()  # prompt id -> rollouts in flight
         self.cancelled = set()  # prompts whose in-flight rollouts are no longer wanted
+        self.started = Counter()  # prompt id -> rollouts this round started (spent)
+        self.prepaid = Counter()  # prompt id -> rollouts adopted from an earlier round (spent there)
+        self.carries = carry is not None  # stream mode: open groups go on into the next round
+        self.after_close = []  # rows that ended after the close, not observed (the driver hands them on)
+        self.expired = []  # open groups dropped at the close (too stale to carry)
         self._closed = False
+
+    def _adopt_carry(self, carry):
+        """Take over an earlier round's open groups (`hand_over`): their in-flight rollouts, already spent."""
+        for pid, state in (carry or {}).items():
+            pid = int(pid)
+            if state["live"]:
+                self.live[pid] += int(state["live"])
+                self.prepaid[pid] += int(state["live"])
+            self._adopt(pid, state)
+
+    def _adopt(self, pid, state):
+        raise NotImplementedError(f"{type(self).__name__} cannot adopt carried groups.")
+
+    def _open_groups(self):
+        """{prompt id: JSON-able state} of the groups neither committed nor dropped (subclasses)."""
+        return {}
+
+    def hand_over(self, expire=()):
+        """At the close of a carrying round: the open groups that go on into the next round, as {prompt id:
+        state} (their rollouts in flight move with them). Groups in `expire` are dropped instead (their
+        in-flight rollouts join `cancelled`). Rows held in `after_close` of dropped or decided prompts are
+        observed here; the carried prompts' rows stay there for the driver to replay into the next round."""
+        if not (self.carries and self._closed):
+            raise RuntimeError("`hand_over` is for a closed round started with `carry=`.")
+        expire = {int(p) for p in expire}
+        carry = {}
+        for pid, state in self._open_groups().items():
+            if pid in expire:
+                self.expired.append(pid)
+                if self.live[pid] > 0:
+                    self.cancelled.add(pid)
+                continue
+            state["live"] = int(self.live.pop(pid, 0))
+            carry[pid] = state
+        self.cancelled -= set(carry)
+        rows, self.after_close = self.after_close, []
+        for r in rows:
+            if int(r["pid"]) in carry:
+                self.after_close.append(r)
+            else:
+                self.observe_rollout(r["pid"], r["success"], pruned=r.get("pruned", False),
+                                     aborted=r.get("aborted", False))
+        return carry
 
     @property
     def done(self):
@@ -51,6 +108,7 @@ class EventRound(Round):
         out = [] if self._closed else [(int(p), int(n)) for p, n in self._next(int(room)) if n > 0]
         for pid, n in out:
             self.live[pid] += n
+            self.started[pid] += n
             self.spent += n
         if self.spent > self.budget:
             raise RuntimeError(f"an event round started {self.spent} rollouts on a budget of {self.budget}.")
@@ -58,7 +116,13 @@ class EventRound(Round):
             self.generation_calls += 1
         elif not self.in_flight:
             self._close()  # nothing running and nothing left to start
+        if self.carries and self._exhausted():
+            self._close()  # stream mode: its budget is all started; what runs goes on into the next round
         return out
+
+    def _exhausted(self):
+        """Nothing more will be started this round (stream mode closes it then)."""
+        return self.spent >= self.budget
 
     def observe_rollout(self, pid, success, pruned=False, aborted=False):
         """One ended rollout of `pid`: `success` 1/0 (NaN: unscored), or pruned / aborted (no reward)."""
@@ -84,8 +148,12 @@ class EventRound(Round):
             self._on_rollout(pid, observed)
 
     def observe_rollouts(self, rows):
-        """`observe_rollout` for rows (dicts with pid, success, pruned, aborted); returns the prompts to abort."""
-        for r in rows:
+        """`observe_rollout` for rows (dicts with pid, success, pruned, aborted); returns the prompts to abort.
+        A carrying round keeps the rows that follow its close in `after_close` (see `hand_over`)."""
+        for i, r in enumerate(rows):
+            if self._closed and self.carries:
+                self.after_close.extend(rows[i:])
+                break
             self.observe_rollout(r["pid"], r["success"], pruned=r.get("pruned", False), aborted=r.get("aborted", False))
         return sorted(self.cancelled)
 
@@ -100,20 +168,32 @@ class EventRound(Round):
     def _close(self):
         if not self._closed:
             self._closed = True
-            self.cancelled |= set(self.live)
+            open_groups = set(self._open_groups()) if self.carries else set()
+            self.cancelled |= {p for p in self.live if p not in open_groups}
             self._closed_hook()
 
     def _closed_hook(self):
         pass
 
     def outcomes(self, num_prompts):
-        s, f, spent = super().outcomes(num_prompts)
-        for pid, v in self.aborted.items():
+        """Per-prompt (successes, failures, responses started this round): ended rollouts' outcomes, and the
+        spend of every rollout this round started (in flight ones too: reserved against the budget)."""
+        s, f, _ = super().outcomes(num_prompts)
+        spent = np.zeros(num_prompts, np.int64)
+        for pid, v in self.started.items():
             spent[pid] += v
         return s, f, spent
 
+    def prepaid_counts(self, num_prompts):
+        """Per-prompt rollouts this round adopted from an earlier one (`Pacer.update`'s `prepaid`)."""
+        out = np.zeros(num_prompts, np.int64)
+        for pid, v in self.prepaid.items():
+            out[pid] += v
+        return out
+
     def stats(self):
-        return {**super().stats(), "aborted": int(sum(self.aborted.values()))}
+        return {**super().stats(), "aborted": int(sum(self.aborted.values())),
+                "carried_in": int(sum(self.prepaid.values())), "expired": len(self.expired)}
 
 
 class BatchedEventRound:
@@ -167,7 +247,10 @@ class BatchedEventRound:
         got = [self._results[p] for p in ids.tolist()]
         self.round.observe([[r for r, _ in g] for g in got], pruned=[[c for _, c in g] for g in got])
 
-    observe_rollouts = EventRound.observe_rollouts
+    def observe_rollouts(self, rows):
+        for r in rows:
+            self.observe_rollout(r["pid"], r["success"], pruned=r.get("pruned", False), aborted=r.get("aborted", False))
+        return sorted(self.cancelled)
 
     def outcomes(self, num_prompts):
         return self.round.outcomes(num_prompts)

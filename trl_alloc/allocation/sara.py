@@ -90,9 +90,10 @@ class SARAFiller:
         (default: the safety cap 6·B·k) or the end of the stream."""
         return SARARound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b))
 
-    def start_event_round(self, stream, budget=None, target_groups=64, counts=None, prior_a=None, prior_b=None):
-        """`start_round`'s round, fed one rollout at a time (`SARAEventRound`)."""
-        return SARAEventRound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b))
+    def start_event_round(self, stream, budget=None, target_groups=64, counts=None, prior_a=None, prior_b=None,
+                          carry=None):
+        """`start_round`'s round, fed one rollout at a time (`SARAEventRound`); `carry`: see `event_rounds`."""
+        return SARAEventRound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b), carry=carry)
 
     def _round_args(self, stream, budget, target_groups, prior_a, prior_b):
         target = check_int("target_groups", target_groups, 0)
@@ -229,15 +230,35 @@ class SARAEventRound(EventRound):
     reserves a whole k per active prompt; as events that would cap what runs at once at budget / k prompts.)
     Over-admission keeps the engine full; what still runs when the target is reached is aborted (spent), and
     a mixed prompt the budget cannot complete stays unfinished. Not in the seed: the admission rule is ours;
-    measured on the engine model in docs/benchmarks.md."""
+    measured on the engine model in docs/benchmarks.md. With `carry` (stream mode), the groups an earlier round
+    left open come first (with their own priors, (n, s, f) so far and rollouts in flight), so a group may
+    straddle rounds; admission then needs only budget left (no reserve for the active prompts' rest: a later
+    round pays for what goes on past this one), and the round closes once its budget is all started."""
 
-    def __init__(self, filler, stream, prior_a, prior_b, budget, target):
-        super().__init__(budget)
+    def __init__(self, filler, stream, prior_a, prior_b, budget, target, carry=None):
+        super().__init__(budget, carry)
+        carried = np.asarray([int(p) for p in carry or {}], np.int64)
+        if carried.size:  # resumed first; never a second group of one prompt
+            fresh = ~np.isin(stream, carried)
+            stream, prior_a, prior_b = (np.concatenate([np.asarray([carry[p][key] for p in carry], dtype), x[fresh]])
+                                        for key, dtype, x in (("pid", np.int64, stream), ("a", float, prior_a),
+                                                              ("b", float, prior_b)))
         self.f, self.stream, self.pa, self.pb, self.target = filler, stream, prior_a, prior_b, target
-        self.next = 0
+        self.next = int(carried.size)
         self.active = {}   # prompt id -> [stream position, started, ended, successes, failures]
         self.want = {}     # prompt id -> rollouts to start as soon as the window has room
         self.decided_at, self.abandon_p = [], []
+        self._adopt_carry(carry)
+
+    def _adopt(self, pid, state):
+        pos = int(np.flatnonzero(self.stream[: self.next] == pid)[0])
+        self.active[pid] = [pos, int(state["started"]), int(state["ended"]), int(state["s"]), int(state["f"])]
+        self._continue(pid)
+
+    def _open_groups(self):
+        return {pid: {"pid": pid, "started": started, "ended": n, "s": s, "f": fail, "a": float(self.pa[pos]),
+                      "b": float(self.pb[pos])} for pid, (pos, started, n, s, fail) in
+                ((int(p), [int(x) for x in v]) for p, v in self.active.items())}
 
     def _next(self, room):
         out, left = [], self.budget - self.spent
@@ -256,8 +277,8 @@ class SARAEventRound(EventRound):
         while room > 0 and self.next < self.stream.size and len(self.groups) + expected < cap:
             pos = self.next
             fresh = float(effective_probability(0, 0, k, (self.pa[pos], self.pb[pos])))
-            if left <= 0 or need + k * fresh > left:  # what the active prompts are expected to need, and its group
-                break
+            if left <= 0 or (need + k * fresh > left and not self.carries):  # what the active prompts are
+                break  # expected to need, and its group (stream mode: a later round pays for what goes on past it)
             pid, n = int(self.stream[pos]), min(self.f.probe, room, left)
             self.next += 1
             self.active[pid] = [pos, n, 0, 0, 0]
@@ -300,12 +321,19 @@ class SARAEventRound(EventRound):
             self.abandoned.append(pid)
             self.abandon_p.append(p)
             self._cancel(pid)
-        elif s >= 1 and fail >= 1:  # mixed: the rest of the group (up to commit_min) at once
+        else:
+            self._continue(pid)
+
+    def _continue(self, pid):
+        """CONTINUE: a mixed prompt gets the rest of its group (up to commit_min) at once; an undecided one keeps
+        n0 rollouts running."""
+        _, started, _, s, fail = self.active[pid]
+        if s >= 1 and fail >= 1:
             more = self.f.commit_min - started - self.want.get(pid, 0)
             if more > 0:
                 self.want[pid] = self.want.get(pid, 0) + more
         elif self.live[pid] + self.want.get(pid, 0) < self.f.probe and started < self.f.k:
-            self.want[pid] = self.want.get(pid, 0) + 1  # keep n0 rollouts of an undecided prompt running
+            self.want[pid] = self.want.get(pid, 0) + 1
 
     def _decided(self, pid, n):
         del self.active[pid]

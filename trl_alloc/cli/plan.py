@@ -9,9 +9,13 @@ Then the same fillers on a model of the inference engine (`rollout.simulated`: c
 --engine_seqs sequences, one decode step of --step_ms per token, response lengths lognormal with median
 --length_median under the seeds' 2,048-token cap), for the first --engine_rounds rounds, synchronous
 (each call waits for its longest rollout) and as events: engine seconds per round, responses, tokens and
-GPU-seconds per effective group, and the idle share of the engine. GPU-hours, not responses. The
---engine_prune methods run once more as events with pruning in the stream at --detect_length tokens
-(random at κ = --prune_keep: the compute ARROL's aborts free, without the head's selection).
+GPU-seconds per effective group, and the idle share of the engine. GPU-hours, not responses. The trainer
+is in the loop: a round trains for its trained tokens × --train_ms_per_token / --train_gpus, then pushes
+its weights (--sync_s); synchronous and event rounds leave the engine idle meanwhile, the stream rows
+(rollout_mode="stream": carry-over, the next round generating while this one trains, --engine_staleness
+bounds) keep it decoding. GPU-seconds count every GPU, training ones included. The --engine_prune methods
+run once more with pruning in the stream at --detect_length tokens (random at κ = --prune_keep: the
+compute ARROL's aborts free, without the head's selection).
 """
 
 import argparse
@@ -57,24 +61,41 @@ def engine_table(args):
     methods = [m for m in args.engine_methods.split(",") if m]
     if not methods:
         return {}
-    rows = {}
+    staleness = [int(x) for x in str(args.engine_staleness).split(",") if x]
+    runs = {}
     for method in methods:
-        for events in ((False,) if "+" not in method else (False, True)):  # full groups: one call either way
-            rows[f"{method} {'events' if events else 'sync'}"] = simulate_engine(method, events, args, args.engine_rounds)
+        for mode in ("sync",) if "+" not in method else ("sync", "events"):  # full groups: one call either way
+            runs[f"{method} {mode}"] = (method, mode, None, None)
+        for s in staleness:
+            runs[f"{method} stream (max_staleness {s})"] = (method, "stream", None, s)
     for method in [m for m in args.engine_prune.split(",") if m]:
-        rows[f"{method} events + pruning"] = simulate_engine(method, True, args, args.engine_rounds, args.prune_keep)
+        runs[f"{method} events + pruning"] = (method, "events", args.prune_keep, None)
+        for s in staleness[-1:]:
+            runs[f"{method} stream + pruning (max_staleness {s})"] = (method, "stream", args.prune_keep, s)
+    rows = {}
+    for name, (method, mode, keep, s) in runs.items():
+        rows[name] = simulate_engine(method, mode, argparse.Namespace(**{**vars(args), "max_staleness": s or 1}),
+                                     args.engine_rounds, keep)
+    gpus = args.gpus_per_engine + args.train_gpus
     print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step, lengths median "
           f"{args.length_median:g} (σ {args.length_sigma:g}) cut at {args.max_tokens}, window {args.window}, "
-          f"first {args.engine_rounds} rounds; pruning: random at κ = {args.prune_keep:g} at {args.detect_length} tokens")
-    cols = ("s/round", "responses/eff", "tokens/eff", "GPU-s/eff", "aborted", "pruned", "idle")
-    print(f"{'method':<34}" + "".join(f"{c:>15}" for c in cols))
+          f"first {args.engine_rounds} rounds; training {args.train_ms_per_token:g} ms per trained token on each of "
+          f"{args.train_gpus} GPUs, weight push {args.sync_s:g} s; GPU-s = wall × {gpus} GPUs; pruning: random at "
+          f"κ = {args.prune_keep:g} at {args.detect_length} tokens")
+    cols = ("s/round", "train s/round", "GPU-s/eff", "responses/eff", "tokens/eff", "aborted", "carried", "stale",
+            "pruned", "idle")
+    print(f"{'method':<46}" + "".join(f"{c:>14}" for c in cols))
     for name, r in rows.items():
-        eff = max(r["effective_groups"], 1)
-        r.update({"s_per_round": r["engine_s"] / max(r["rounds"], 1), "responses_per_eff": r["responses"] / eff,
-                  "tokens_per_eff": r["tokens"] / eff, "gpu_s_per_eff": r["engine_s"] * args.gpus_per_engine / eff})
-        vals = (r["s_per_round"], r["responses_per_eff"], r["tokens_per_eff"], r["gpu_s_per_eff"], r["aborted"],
-                r["pruned"], r["idle"])
-        print(f"{name:<34}" + "".join(f"{v:>15.2f}" if isinstance(v, float) else f"{v:>15}" for v in vals))
+        eff, n = max(r["effective_groups"], 1), max(r["rounds"], 1)
+        r.update({"s_per_round": r["engine_s"] / n, "train_s_per_round": r["train_s"] / n,
+                  "responses_per_eff": r["responses"] / eff, "tokens_per_eff": r["tokens"] / eff,
+                  "gpu_s_per_eff": r["engine_s"] * gpus / eff})
+        vals = (r["s_per_round"], r["train_s_per_round"], r["gpu_s_per_eff"], r["responses_per_eff"],
+                r["tokens_per_eff"], r["aborted"], r["carried"], r["stale_aborted"], r["pruned"], r["idle"])
+        print(f"{name:<46}" + "".join(f"{v:>14.2f}" if isinstance(v, float) else f"{v:>14}" for v in vals))
+    for name, r in rows.items():
+        if "stream" in name:
+            print(f"  staleness of trained rollouts, {name}: {r['staleness']}")
     return rows
 
 
@@ -105,7 +126,13 @@ def main(argv=None):
     parser.add_argument("--length_sigma", type=float, default=0.6)
     parser.add_argument("--max_tokens", type=int, default=2048)
     parser.add_argument("--window", type=int, default=None, help="rollouts in flight (default: --engine_seqs)")
-    parser.add_argument("--gpus_per_engine", type=int, default=1)
+    parser.add_argument("--gpus_per_engine", type=int, default=1, help="generation GPUs (one vLLM engine)")
+    parser.add_argument("--train_gpus", type=int, default=8, help="training GPUs (0: generation only)")
+    parser.add_argument("--train_ms_per_token", type=float, default=0.55,
+                        help="training ms per trained token on one GPU (old log-probs + update; docs/benchmarks.md)")
+    parser.add_argument("--sync_s", type=float, default=1.0, help="one weight push to the engine (s)")
+    parser.add_argument("--engine_staleness", default="1,2",
+                        help="max_staleness values of the stream rows ('' skips them)")
     parser.add_argument("--output_dir", default="outputs/plan")
     args = parser.parse_args(argv)
     args.window = args.window or args.engine_seqs

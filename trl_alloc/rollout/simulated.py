@@ -8,11 +8,17 @@ its `max_tokens`) and its success, reported in `Rollout.info["success"]`. `busy`
 `idle_fraction` is the share of the engine's slots left empty while the clock ran. `submit(detect_at=L)`:
 a rollout longer than L is also delivered as a snapshot (finish reason "detect") when it reaches L tokens,
 as `rollout.events.VLLMServerRollouts` does; aborting it frees its slot at once.
+
+The trainer's side of a round: `run_for(s)` lets the engine decode for s seconds while the trainer trains
+(overlap: what it finishes is buffered for `next_completed`); `pause_for(s)` holds it idle, its running
+rollouts frozen with their KV cache (a weight push with vLLM's `/pause?mode=keep`, or a trainer that needs
+the device, or a synchronous trainer's engine waiting for its step).
 """
 
 import collections
 import heapq
 import itertools
+import math
 
 import numpy as np
 
@@ -21,7 +27,7 @@ from ..allocation.event_rounds import BatchedEventRound
 from ..allocation.pipeline import round_arguments
 from ..allocation.simulate import DriftingPool, build_method
 from .events import Rollout
-from .streaming import run_round
+from .streaming import StreamDriver, run_round
 
 
 class SimulatedRollouts:
@@ -32,15 +38,18 @@ class SimulatedRollouts:
         self.waiting = collections.deque()
         self.running = {}  # rid -> (rollout, step it started)
         self._ends = []    # heap of (step, 0 = detection point | 1 = end, rid) of running rollouts
+        self._ended = []   # ended while the trainer trained (`run_for`), not yet handed back
         self.steps = self.busy = 0
+        self.paused_s = 0.0
 
     @property
     def clock_s(self):
-        return self.steps * self.step_s
+        return self.steps * self.step_s + self.paused_s
 
     @property
     def idle_fraction(self):
-        return 1.0 - self.busy / max(self.steps * self.slots, 1)
+        """The share of the engine's slot-seconds in which no rollout decoded (paused time included)."""
+        return 1.0 - self.busy * self.step_s / max(self.clock_s * self.slots, 1e-12)
 
     @property
     def in_flight(self):
@@ -71,11 +80,30 @@ class SimulatedRollouts:
 
     def next_completed(self, timeout=None):
         """Advance the clock to the next step at which a rollout ends (or reaches its detection point); return
-        the rollouts ending then (and the snapshots)."""
+        the rollouts ending then (and the snapshots), or what ended during `run_for` first."""
+        if self._ended:
+            out, self._ended = self._ended, []
+            return out
+        return self._step(None) or []
+
+    def run_for(self, seconds):
+        """Decode for `seconds` (the trainer trains meanwhile); what ends is handed back by `next_completed`."""
+        target = self.steps + int(round(float(seconds) / self.step_s))
+        while (out := self._step(target)) is not None:
+            self._ended.extend(out)
+        self.busy += (target - self.steps) * len(self.running)
+        self.steps = target
+
+    def pause_for(self, seconds):
+        """Hold the engine for `seconds`: nothing decodes, running rollouts keep their place."""
+        self.paused_s += float(seconds)
+
+    def _step(self, limit):
+        """Advance to the next step at which something ends (not past `limit`); its rollouts, or None."""
         while self._ends and self._ends[0][2] not in self.running:  # (aborted)
             heapq.heappop(self._ends)
-        if not self._ends:
-            return []
+        if not self._ends or (limit is not None and self._ends[0][0] > limit):
+            return None
         end = self._ends[0][0]
         self.busy += (end - self.steps) * len(self.running)
         self.steps = end
@@ -95,8 +123,13 @@ class SimulatedRollouts:
         return out
 
     def abort(self, rids):
+        """Stop these rollouts; returns them (one that already ended comes back finished, as from vLLM)."""
         out, waiting = [], {w.rid: w for w in self.waiting if w.finish_reason is None}
+        ended = {r.rid: r for r in self._ended if r.finish_reason != "detect"}
         for rid in rids:
+            if rid in ended:
+                out.append(ended[rid])
+                continue
             if rid in self.running:
                 r, started = self.running.pop(rid)
                 r.token_ids = [0] * (self.steps - started)
@@ -107,57 +140,117 @@ class SimulatedRollouts:
             r.finish_reason = "abort"
             out.append(r)
         self.waiting = collections.deque(w for w in self.waiting if w.finish_reason is None)
+        gone = {r.rid for r in out}
+        self._ended = [r for r in self._ended if r.rid not in gone]
         self._admit()
         return out
 
     def close(self):
+        self._ended.clear()
         self.waiting.clear()
         self.running.clear()
         self._ends.clear()
 
 
-def simulate_engine(method, events, args, rounds, prune_keep=None):
-    """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model, synchronously (each
-    filler call submitted whole and decided when its last rollout ends) or as events; the pool is
+def simulate_engine(method, mode, args, rounds, prune_keep=None):
+    """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model, with the trainer in
+    the loop. `mode`: "sync" (each filler call submitted whole and decided when its last rollout ends),
+    "events" (one `RoundDriver` per round) or "stream" (one `StreamDriver` across rounds: carry-over, the next
+    round generating while this one trains, `args.max_staleness`). The pool is
     `allocation.simulate.DriftingPool`, response lengths lognormal (median `args.length_median`, σ
-    `args.length_sigma`) cut at `args.max_tokens`. `prune_keep` (events only): pruning in the stream at
-    `args.detect_length` tokens, each cohort's rollouts kept with probability κ = prune_keep (random pruning:
-    ARROL's compute saving without its selection, since the model has no head). Returns engine seconds,
-    responses, tokens, effective groups, pruned rollouts and the idle share of the engine's slots."""
+    `args.length_sigma`) cut at `args.max_tokens`. Training a round takes its trained tokens ×
+    `args.train_ms_per_token` / `args.train_gpus`, then `args.sync_s` for the weight push; sync and events
+    leave the engine idle meanwhile, stream lets it decode through the training (the push pauses it).
+    `prune_keep` (events): pruning in the stream at `args.detect_length` tokens, each cohort's rollouts kept
+    with probability κ = prune_keep (random pruning: ARROL's compute saving without its selection). Returns
+    wall seconds, responses, tokens, effective groups, aborted / carried / stale / pruned rollouts, the
+    engine's idle share and the trained rollouts' staleness histogram."""
     pacer, filler, filling = build_method(method, args)
-    k = args.units_per_group * args.unit_size
     pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
-    total = dict.fromkeys(("engine_s", "responses", "tokens", "aborted", "pruned", "effective_groups", "busy",
-                           "slots"), 0)
+    train_ms, train_gpus = getattr(args, "train_ms_per_token", 0.0), max(getattr(args, "train_gpus", 1), 1)
+    sync_s = getattr(args, "sync_s", 0.0)
+    total = dict.fromkeys(("engine_s", "train_s", "responses", "tokens", "trained_tokens", "aborted", "carried",
+                           "stale_aborted", "pruned", "effective_groups", "busy_s", "slot_s"), 0)
+    total["staleness"] = collections.Counter()
     pruning = None if prune_keep is None else RandomPruning(keep_ratio=prune_keep, cold_start_rounds=0, seed=args.seed)
+    rates = [pool.success_rate()]
+
+    def outcome(pid, rng):
+        return rng.lognormal(np.log(args.length_median), args.length_sigma), rng.random() < rates[0][pid]
 
     def on_detect(snaps):
         cut = pruning.prune([s.info["cohort"] for s in snaps])
         return [s.rid for s, c in zip(snaps, cut) if c and not s.info["ended"]]
 
-    for i in range(rounds):
-        if pacer.finished:
-            break
-        kw = round_arguments(pacer, pacer.propose(), filling, k, history_decay=args.history_decay)
-        rnd = filler.start_event_round(**kw) if events else BatchedEventRound(filler.start_round(**kw))
-        p = pool.success_rate()
+    def open_round(carry=None):
+        kw = round_arguments(pacer, pacer.propose(), filling, args.units_per_group * args.unit_size,
+                             history_decay=args.history_decay)
+        if mode == "sync":
+            return BatchedEventRound(filler.start_round(**kw))
+        return filler.start_event_round(**kw) if carry is None else filler.start_event_round(**kw, carry=carry)
 
-        def outcome(pid, rng):
-            return rng.lognormal(np.log(args.length_median), args.length_sigma), rng.random() < p[pid]
-
-        engine = SimulatedRollouts(outcome, args.engine_seqs, args.step_ms / 1e3, seed=[args.seed, i])
-        driver = run_round(rnd, engine, lambda pid: [], lambda r: r.info["success"], args.max_tokens,
-                           max_inflight=args.window or None, detect_at=pruning and args.detect_length,
-                           on_detect=pruning and on_detect)
-        pacer.update(*rnd.outcomes(pacer.num_prompts))
+    def close_round(rnd, trained):
+        pacer.update(*rnd.outcomes(pacer.num_prompts), **({"prepaid": rnd.prepaid_counts(pacer.num_prompts)}
+                                                         if hasattr(rnd, "prepaid_counts") else {}))
         pool.step(rnd)
-        for key, value in (("engine_s", engine.clock_s), ("responses", driver.spent), ("tokens", driver.tokens),
-                           ("aborted", driver.aborted), ("pruned", len(driver.pruned)),
-                           ("effective_groups", rnd.stats()["effective_groups"]),
-                           ("busy", engine.busy), ("slots", engine.steps * engine.slots)):
-            total[key] += value
-    total["rounds"] = i + 1 if rounds else 0
-    total["idle"] = 1.0 - total.pop("busy") / max(total.pop("slots"), 1)
+        rates[0] = pool.success_rate()
+        tokens = sum(len(r["completion_ids"]) for r in trained if not (r["pruned"] or r["aborted"]))
+        total["trained_tokens"] += tokens
+        total["effective_groups"] += rnd.stats()["effective_groups"]
+        total["staleness"].update(r.get("staleness", 0) for r in trained)
+        return tokens * train_ms / 1e3 / train_gpus
+
+    def rows(batch):
+        return [{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
+                 "success": math.nan if r.finish_reason == "abort" else r.info["success"]} for r in batch]
+
+    detect = {"detect_at": pruning and args.detect_length, "on_detect": pruning and on_detect}
+    i = 0
+    if mode == "stream":
+        engine = SimulatedRollouts(outcome, args.engine_seqs, args.step_ms / 1e3, seed=args.seed)
+        driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=args.window or None,
+                              max_staleness=getattr(args, "max_staleness", 1), **detect)
+        rnd = open_round(carry={})
+        driver.start(rnd)
+        while i < rounds:
+            while (batch := driver.poll()) is not None:
+                driver.observe(rows(batch))
+            trained = driver.trained
+            train_s = close_round(rnd, trained)
+            i += 1
+            if i < rounds and not pacer.finished:  # the next round starts generating before this one trains
+                rnd = open_round(carry=driver.carry)
+                driver.start(rnd)
+            if trained:  # an empty round advances the scheduler without a policy update
+                engine.run_for(train_s)
+                engine.pause_for(sync_s)
+                driver.push()
+            total["train_s"] += train_s
+            if pacer.finished or i >= rounds:
+                break
+        driver.finish()
+        total.update(engine_s=engine.clock_s, busy_s=engine.busy * engine.step_s, slot_s=engine.clock_s * engine.slots,
+                     responses=driver.spent, tokens=driver.tokens, aborted=driver.aborted, carried=driver.carried_total,
+                     stale_aborted=driver.stale_aborted, pruned=len(driver.pruned))
+    else:
+        while i < rounds and not pacer.finished:
+            rnd = open_round()
+            engine = SimulatedRollouts(outcome, args.engine_seqs, args.step_ms / 1e3, seed=[args.seed, i])
+            driver = run_round(rnd, engine, lambda pid: [], lambda r: r.info["success"], args.max_tokens,
+                               max_inflight=args.window or None, **detect)
+            kept = {int(p) for p in rnd.groups}
+            trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
+                        "aborted": r.finish_reason == "abort"} for r in driver.ended if r.tag in kept]
+            train_s = close_round(rnd, trained)
+            engine.pause_for(train_s + sync_s)  # the engine waits for the trainer and the push
+            for key, value in (("engine_s", engine.clock_s), ("train_s", train_s), ("responses", driver.spent),
+                               ("tokens", driver.tokens), ("aborted", driver.aborted), ("pruned", len(driver.pruned)),
+                               ("busy_s", engine.busy * engine.step_s), ("slot_s", engine.clock_s * engine.slots)):
+                total[key] += value
+            i += 1
+    total["rounds"] = i
+    total["idle"] = 1.0 - total.pop("busy_s") / max(total.pop("slot_s"), 1e-12)
+    total["staleness"] = {int(k): int(v) for k, v in sorted(total["staleness"].items())}
     return total
 
 

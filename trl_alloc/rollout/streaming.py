@@ -22,6 +22,7 @@ same rollouts as in the batched two-phase path; `snapshot.info["cohort"]` names 
 """
 
 import itertools
+import math
 import time
 
 
@@ -57,11 +58,15 @@ class RoundDriver:
             for rid in rids:
                 self.live[rid] = pid
                 self.events.append(("submit", pid, rid))
+            self._submitted(pid, rids)
             if self.detect_at:
                 cohort = next(self._cohorts)
                 self._cohort_of.update(dict.fromkeys(rids, cohort))
                 self._unresolved[cohort] = set(rids)
             self.spent += n
+
+    def _submitted(self, pid, rids):
+        pass
 
     def poll(self):
         """Start what the allocator asks for, then return the rollouts that have ended (blocking until one
@@ -124,18 +129,7 @@ class RoundDriver:
 
     def observe(self, rows):
         """The rows of the last `poll`'s rollouts, in its order; aborts what the allocator no longer wants."""
-        if len(rows) != len(self._batch):
-            raise ValueError(f"`observe` needs one row per polled rollout ({len(self._batch)}), got {len(rows)}.")
-        for r, row in zip(self._batch, rows):
-            cut = r.finish_reason == "abort"
-            at_detection = cut and r.rid in self.pruned  # pruned at the detection point: spent, no reward
-            row["pruned"] = bool(row.get("pruned")) or at_detection  # (or by the caller's own two-phase pruning)
-            row["aborted"] = cut and not at_detection
-            self.events.append(("abort" if cut else "done", r.tag, r.rid))
-            self.tokens += len(row.get("completion_ids", r.token_ids))  # (the caller's, if it generated them)
-            self.aborted += int(row["aborted"])
-            self.ended.append(r)
-        self._batch = []
+        self._book(rows)
         cancelled = set(self.allocator.observe_rollouts(rows))
         if self._done():
             cancelled |= set(self.live.values())
@@ -144,6 +138,146 @@ class RoundDriver:
             for r in self.rollouts.abort(doomed):
                 self.live.pop(r.rid, None)
                 self._held.append(r)
+
+    def _book(self, rows):
+        """Flags, events and tokens of the last poll's rows (in its order)."""
+        if len(rows) != len(self._batch):
+            raise ValueError(f"`observe` needs one row per polled rollout ({len(self._batch)}), got {len(rows)}.")
+        for r, row in zip(self._batch, rows):
+            cut = r.finish_reason == "abort"
+            at_detection = cut and r.rid in self.pruned  # pruned at the detection point: spent, no reward
+            row["pruned"] = bool(row.get("pruned")) or at_detection  # (or by the caller's own two-phase pruning)
+            row["aborted"] = cut and not at_detection
+            row.setdefault("rid", r.rid)
+            self.events.append(("abort" if cut else "done", r.tag, r.rid))
+            self.tokens += len(row.get("completion_ids", r.token_ids))  # (the caller's, if it generated them)
+            self.aborted += int(row["aborted"])
+            self.ended.append(r)
+        self._batch = []
+
+
+class StreamDriver(RoundDriver):
+    """One rollout stream across rounds (`rollout_mode="stream"`): the engine's window stays full while rounds
+    close and open. A round closes when its event round does (target met, budget reached); its open groups go
+    on into the next round with their rollouts still running (carried, as APRIL does: neither aborted nor
+    waited for), and the next round's submissions start at once, before the caller trains on the closed one.
+
+        driver = StreamDriver(rollouts, prompt_ids_of, max_tokens, max_inflight, max_staleness=1)
+        while rounds remain:
+            driver.start(filler.start_event_round(..., carry=driver.carry))   # resumes the carried, submits
+            while (batch := driver.poll()) is not None:
+                driver.observe(score(batch))
+            train on driver.trained; push the weights; driver.push()          # the engine generates meanwhile
+        driver.finish()
+
+    Versions: `version` is the policy version the engine generates with (`push` after each weight update);
+    each rollout records the version at its submission (its first token is generated at that version or
+    later). `trained`: the closed round's rows of committed groups, each with its `staleness` (version now −
+    version at submission). At a close, an open group whose first rollout was submitted before version + 1 −
+    `max_staleness` could only be trained too stale: it is dropped (`expired`), its rollouts in flight are
+    aborted (`stale_aborted`). So no trained token is more than `max_staleness` versions older than the
+    policy that trains it. Every started rollout ends exactly once: `spent` = ended + in flight, always.
+    """
+
+    def __init__(self, rollouts, prompt_ids_of, max_tokens, max_inflight=None, timeout=None, max_staleness=1,
+                 detect_at=None, on_detect=None):
+        super().__init__(None, rollouts, prompt_ids_of, max_tokens, max_inflight, timeout, detect_at, on_detect)
+        self.max_staleness = int(max_staleness)
+        if self.max_staleness < 1:
+            raise ValueError(f"`max_staleness` must be >= 1 in stream mode (got {max_staleness}): rollouts started "
+                             "while a round trains are one version old; use rollout_mode='events' to stay on-policy.")
+        self.version = 0
+        self.started_at, self.group_version = {}, {}  # rid -> version at submission; pid -> its group's first
+        self.carry, self.held, self.trained = {}, {}, []  # handed-over groups; pid -> rows held; the last round's
+        self.stale_aborted = self.carried = self.carried_total = self.ended_count = 0
+        self.replay, self._closed = [], True  # rows that ended after a close, for the next round
+
+    def _submitted(self, pid, rids):
+        self.group_version.setdefault(pid, self.version)
+        self.started_at.update(dict.fromkeys(rids, self.version))
+
+    def start(self, allocator):
+        """Open the next round: an event round started with `carry=driver.carry`; the rows that ended after the
+        last close are replayed into it, then its first submissions start."""
+        self.allocator, self.trained, self._closed = allocator, [], False
+        rows, self.replay = self.replay, []
+        if rows:
+            self._after_observe(self.allocator.observe_rollouts(rows))
+        if not self._closed and not self._done():
+            self._refill()
+
+    def push(self):
+        """The engine now generates with the next policy version (call after each weight push)."""
+        self.version += 1
+
+    def poll(self):
+        if self._closed:
+            return None
+        if not self._done():
+            batch = super().poll()
+            if batch is not None:
+                return batch
+        self._close_round()
+        return None
+
+    def observe(self, rows):
+        self._book(rows)
+        self.ended_count += len(rows)
+        for row in rows:
+            if not row["aborted"]:
+                self.held.setdefault(int(row["pid"]), []).append(row)
+        self._after_observe(self.allocator.observe_rollouts(rows))
+
+    def _after_observe(self, cancelled):
+        if self._done():
+            return self._close_round()
+        doomed = [rid for rid, pid in self.live.items() if pid in set(cancelled)]
+        if doomed:
+            for r in self.rollouts.abort(doomed):
+                self.live.pop(r.rid, None)
+                self._held.append(r)
+
+    def _close_round(self):
+        if self._closed:
+            return
+        self._closed = True
+        rnd, bound = self.allocator, self.version + 1 - self.max_staleness
+        expire = {pid for pid, v in self.group_version.items() if v < bound}
+        self.carry = rnd.hand_over(expire)
+        carried = set(self.carry)
+        self.replay, rnd.after_close = rnd.after_close, []
+        held_back = [r for r in self._held if r.tag not in carried]  # ended, not yet observed: not wanted now
+        self._held = [r for r in self._held if r.tag in carried]
+        doomed = [rid for rid, pid in self.live.items() if pid not in carried]
+        for r in (self.rollouts.abort(doomed) if doomed else []) + held_back:
+            self.live.pop(r.rid, None)
+            pruned = r.rid in self.pruned
+            rnd.observe_rollout(r.tag, math.nan, pruned=pruned, aborted=not pruned)
+            self.events.append(("prune" if pruned else "abort", r.tag, r.rid))
+            self.tokens += len(r.token_ids)
+            self.aborted += int(not pruned)
+            self.stale_aborted += int(r.tag in expire)
+            self.ended_count += 1
+        self.trained = [dict(row, staleness=self.version - self.started_at[row["rid"]])
+                        for pid in rnd.groups for row in self.held.get(int(pid), ())]
+        self.held = {pid: rows for pid, rows in self.held.items() if pid in carried}
+        self.group_version = {pid: v for pid, v in self.group_version.items() if pid in carried}
+        self.carried = sum(state["live"] for state in self.carry.values())
+        self.carried_total += self.carried
+        keep = set(self.live) | {row["rid"] for rows in self.held.values() for row in rows}
+        self.started_at = {rid: v for rid, v in self.started_at.items() if rid in keep}
+
+    def finish(self):
+        """End the stream: abort what is still running (spent by the rounds that started it); returns them."""
+        out = self.rollouts.abort(list(self.live)) if self.live else []
+        for r in out:
+            self.live.pop(r.rid, None)
+            self.events.append(("abort", r.tag, r.rid))
+            self.tokens += len(r.token_ids)
+            self.ended_count += 1
+        self.dropped_at_end = len(out)
+        self.carry, self.held = {}, {}
+        return out
 
 
 def run_round(allocator, rollouts, prompt_ids_of, success, max_tokens, max_inflight=None, timeout=None,
@@ -157,4 +291,4 @@ def run_round(allocator, rollouts, prompt_ids_of, success, max_tokens, max_infli
     return driver
 
 
-__all__ = ["RoundDriver", "run_round"]
+__all__ = ["RoundDriver", "StreamDriver", "run_round"]

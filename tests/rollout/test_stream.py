@@ -1,0 +1,155 @@
+"""One rollout stream across rounds (`StreamDriver` + the fillers' carry-over) on the engine model: exact
+accounting at every round boundary, carried rollouts trained once, the staleness bound, and what CERO has
+seen when it proposes the next round."""
+
+import argparse
+import collections
+import json
+import math
+
+import numpy as np
+import pytest
+
+from trl_alloc.allocation import make_filler, make_pacer
+from trl_alloc.allocation.pipeline import round_arguments
+from trl_alloc.rollout.simulated import SimulatedRollouts, simulate_engine
+from trl_alloc.rollout.streaming import StreamDriver
+
+FILLERS = {"full": {}, "sara": {"tau_low": 0.45}, "dynamic_sampling": {"max_generation_batches": 50}}
+
+
+def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.0, seed=0, prompts=300):
+    """`rounds` stream rounds; returns the driver, the per-round log and the checks' raw material."""
+    k = 8
+    if pacing == "cero":
+        pacer = make_pacer("cero", prompts, rounds=40, budget=800, round_capacity=24, max_units=2, unit_size=4,
+                           seed=seed)
+    else:
+        pacer = make_pacer("uniform", prompts, prompts_per_round=12, group_size=k, budget_responses=8000, seed=seed)
+    filler = make_filler(filling, group_size=k, **FILLERS[filling])
+    p = np.random.default_rng(seed).uniform(0.05, 0.95, prompts)
+    budget0 = pacer.remaining_responses
+
+    def outcome(pid, rng):
+        return rng.lognormal(np.log(60), 0.7), rng.random() < p[pid]
+
+    engine = SimulatedRollouts(outcome, max_num_seqs=window, step_s=0.05, seed=seed)
+    driver = StreamDriver(engine, lambda pid: [], 256, max_inflight=window, max_staleness=max_staleness)
+    log, trained_rids, observed = [], collections.Counter(), []
+    carry = {}
+    for t in range(rounds):
+        if pacer.finished:
+            break
+        kw = round_arguments(pacer, pacer.propose(), filling, k)
+        carry = json.loads(json.dumps(carry))  # what a checkpoint holds: JSON, string keys
+        rnd = filler.start_event_round(**kw, carry=carry)
+        driver.start(rnd)
+        while (batch := driver.poll()) is not None:
+            rows = [{"pid": r.tag, "completion_ids": r.token_ids,
+                     "success": math.nan if r.finish_reason == "abort" else r.info["success"]} for r in batch]
+            driver.observe(rows)
+            observed.extend(rows)
+        s, f, started = rnd.outcomes(pacer.num_prompts)
+        pacer.update(s, f, started, prepaid=rnd.prepaid_counts(pacer.num_prompts))
+        # the budget is exact at every boundary: what was started, in flight included, is spent
+        assert budget0 - pacer.remaining_responses == driver.spent
+        assert driver.spent == driver.ended_count + len(driver.live)
+        # carried: still running, or ended after the close (replayed into the next round)
+        assert sum(st["live"] for st in driver.carry.values()) == driver.carried == len(driver.live) + len(driver.replay)
+        log.append({"round": t, "groups": list(rnd.groups), "trained": driver.trained, "stats": rnd.stats(),
+                    "s": s, "f": f})
+        for row in driver.trained:
+            trained_rids[row["rid"]] += 1
+        carry = driver.carry
+        if driver.trained:
+            engine.run_for(train_s)  # the next round's rollouts go on while this one trains
+            engine.pause_for(0.5)
+            driver.push()
+    dropped = driver.finish()
+    return driver, log, trained_rids, observed, dropped, pacer, budget0
+
+
+@pytest.mark.parametrize("pacing,filling", [("uniform", "full"), ("uniform", "sara"), ("cero", "sara"),
+                                            ("uniform", "dynamic_sampling")])
+def test_stream_accounting_is_exact_across_rounds(pacing, filling):
+    driver, log, trained, observed, dropped, pacer, budget0 = run_stream(pacing, filling, max_staleness=2)
+    # every started rollout ends exactly once, across rounds (the stream's end included)
+    ends = collections.Counter(rid for kind, _, rid in driver.events if kind != "submit")
+    submits = [rid for kind, _, rid in driver.events if kind == "submit"]
+    assert len(submits) == len(set(submits)) == driver.spent == driver.ended_count
+    assert set(ends) == set(submits) and max(ends.values()) == 1
+    assert budget0 - pacer.remaining_responses == driver.spent and not driver.live
+    # carried rollouts are trained once, never twice; a trained row belongs to a group its round committed
+    assert trained and max(trained.values()) == 1
+    for entry in log:
+        assert all(row["pid"] in entry["groups"] for row in entry["trained"])
+        assert all(not row["aborted"] for row in entry["trained"])
+    # the stream did carry groups over and overlapped training, within the bound
+    assert driver.carried_total > 0
+    staleness = collections.Counter(row["staleness"] for e in log for row in e["trained"])
+    assert max(staleness) <= 2 and staleness[1] > 0
+
+
+def test_no_trained_rollout_is_older_than_max_staleness():
+    """CERO + SARA's straddling groups: groups past the bound are dropped (aborted, counted), at 1 and at 2."""
+    for bound in (1, 2):
+        driver, log, *_ = run_stream("cero", "sara", rounds=10, max_staleness=bound, window=48)
+        rows = [row for e in log for row in e["trained"]]
+        assert rows and max(row["staleness"] for row in rows) <= bound
+        assert driver.stale_aborted > 0 and sum(e["stats"]["expired"] for e in log) > 0  # the bound did act
+    with pytest.raises(ValueError, match="max_staleness"):
+        StreamDriver(SimulatedRollouts(lambda pid, rng: (4, 1)), lambda pid: [], 8, max_staleness=0)
+
+
+def test_cero_has_seen_exactly_the_outcomes_that_ended_in_closed_rounds():
+    """Delayed feedback (docstring of `CEROScheduler.update`): with ρ = 1 the Beta state is the prior plus every
+    observed outcome of a rollout that ended before its round closed; carried ones count in the round that
+    observes them, spend counts at submission."""
+    driver, log, *_ , pacer, budget0 = run_stream("cero", "sara", rounds=8, max_staleness=2)
+    s = sum(e["s"] for e in log)
+    f = sum(e["f"] for e in log)
+    assert np.array_equal(pacer.beta.a, 1.0 + s) and np.array_equal(pacer.beta.b, 1.0 + f)
+    # and those outcomes are the scored rows the driver handed to the closed rounds
+    assert s.sum() + f.sum() <= driver.ended_count
+    assert sum(int(e["stats"]["carried_in"]) for e in log) > 0
+
+
+def test_carry_survives_a_checkpoint_and_resumes_first():
+    """A SARA round closes once its budget is all started; its open groups, through JSON, are the next round's
+    first prompts with their (n, s, f) and rollouts in flight, already paid for (never a second group)."""
+    filler = make_filler("sara", group_size=4, probe=2)
+    rnd = filler.start_event_round(np.arange(6), budget=12, target_groups=6, carry={})
+    assert rnd.submissions(room=6) == [(0, 2), (1, 2), (2, 2)]
+    rnd.observe_rollouts([{"pid": 0, "success": 1.0}, {"pid": 1, "success": 1.0}, {"pid": 0, "success": 0.0}])
+    # prompt 0 is mixed: the rest of its group; prompt 1 keeps n0 running; then fresh probes up to the budget
+    assert rnd.submissions(room=6) == [(0, 2), (1, 1), (3, 2), (4, 1)]
+    assert rnd.done and rnd.spent == 12 and not rnd.cancelled  # closed, nothing aborted
+    carry = json.loads(json.dumps(rnd.hand_over(expire=[2])))
+    assert rnd.expired == [2] and rnd.cancelled == {2}  # a group past the staleness bound is dropped
+    assert sorted(int(p) for p in carry) == [0, 1, 3, 4]
+    assert carry["0"] == {"pid": 0, "started": 4, "ended": 2, "s": 1, "f": 1, "a": 1.0, "b": 1.0, "live": 2}
+    nxt = filler.start_event_round(np.arange(8), budget=8, target_groups=4, carry=carry)
+    assert nxt.stream.tolist() == [0, 1, 3, 4, 2, 5, 6, 7]
+    assert nxt.in_flight == 2 + 2 + 2 + 1 and nxt.spent == 0 and nxt.prepaid_counts(8).sum() == 7
+    assert nxt.submissions(room=2) == [(4, 1), (2, 1)]  # the carried prompt's next rollout first, then fresh
+    nxt.observe_rollouts([{"pid": 0, "success": 0.0}, {"pid": 0, "success": 1.0}])  # prompt 0's group completes
+    assert nxt.groups == [0] and nxt.mixed(0)
+    s, f, started = nxt.outcomes(8)
+    assert (s[0], f[0], started[0]) == (1, 1, 0)  # observed here, paid for by the round before
+
+
+def test_engine_model_stream_rows_add_up():
+    """plan.py's stream rows: training in the loop, overlap shortens the wall clock, totals add up."""
+    args = argparse.Namespace(prompts=600, rounds=40, budget=8000, unit_size=4, units_per_group=2, capacity=60,
+                              tau_low=0.45, history_decay=1.0, drift=1.5, seed=0, engine_seqs=64, step_ms=25.0,
+                              length_median=300.0, length_sigma=0.6, max_tokens=1024, window=64, detect_length=128,
+                              train_gpus=2, train_ms_per_token=0.5, sync_s=1.0, max_staleness=2)
+    sync = simulate_engine("uniform", "sync", args, 6)
+    stream = simulate_engine("uniform", "stream", args, 6)
+    for r in (sync, stream):
+        assert r["rounds"] == 6 and 0 < r["responses"] <= 8000 and r["train_s"] > 0 and 0 <= r["idle"] < 1
+        assert r["trained_tokens"] * 0.5e-3 / 2 == pytest.approx(r["train_s"])
+        assert sum(r["staleness"].values()) > 0
+    assert set(sync["staleness"]) == {0} and max(stream["staleness"]) <= 2
+    assert stream["engine_s"] < sync["engine_s"]  # generation overlaps training, no round waits on its tail
+    assert sync["engine_s"] == pytest.approx(sync["train_s"] + 6 * 1.0 + (sync["engine_s"] - sync["train_s"] - 6))
