@@ -40,9 +40,8 @@ def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.
     for t in range(rounds):
         if pacer.finished:
             break
-        kw = round_arguments(pacer, pacer.propose(), filling, k)
         carry = json.loads(json.dumps(carry))  # what a checkpoint holds: JSON, string keys
-        rnd = filler.start_event_round(**kw, carry=carry)
+        rnd = filler.start_event_round(**round_arguments(pacer, pacer.propose(), filling, k, carry=carry))
         driver.start(rnd)
         while (batch := driver.poll()) is not None:
             rows = [{"pid": r.tag, "completion_ids": r.token_ids,
@@ -127,7 +126,7 @@ def test_carry_survives_a_checkpoint_and_resumes_first():
     carry = json.loads(json.dumps(rnd.hand_over(expire=[2])))
     assert rnd.expired == [2] and rnd.cancelled == {2}  # a group past the staleness bound is dropped
     assert sorted(int(p) for p in carry) == [0, 1, 3, 4]
-    assert carry["0"] == {"pid": 0, "started": 4, "ended": 2, "s": 1, "f": 1, "a": 1.0, "b": 1.0, "live": 2}
+    assert carry["0"] == {"pid": 0, "started": 4, "ended": 2, "s": 1, "f": 1, "a": 1.0, "b": 1.0, "need": 0, "live": 2}
     nxt = filler.start_event_round(np.arange(8), budget=8, target_groups=4, carry=carry)
     assert nxt.stream.tolist() == [0, 1, 3, 4, 2, 5, 6, 7]
     assert nxt.in_flight == 2 + 2 + 2 + 1 and nxt.spent == 0 and nxt.prepaid_counts(8).sum() == 7

@@ -82,7 +82,7 @@ def test_events_resume_restores_the_allocator_and_reproduces_decisions(tmp_path)
 
 def test_events_mode_is_checked(tmp_path):
     with pytest.raises(ValueError, match="rollout_mode"):
-        build(tmp_path, rollout_mode="stream")
+        build(tmp_path, rollout_mode="asynchronous")
     with pytest.raises(ValueError, match="rollout_max_inflight"):
         build(tmp_path, rollout_mode="events", rollout_max_inflight=2)
 

@@ -222,11 +222,13 @@ def test_bad_dataset_and_pool_errors(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero,mode", [("zero2", "deterministic"), ("zero3", "deterministic"), ("zero3", "events")])
+@pytest.mark.parametrize("zero,mode", [("zero2", "deterministic"), ("zero3", "deterministic"), ("zero3", "events"),
+                                       ("zero3", "stream")])
 def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode):
     """`accelerate launch` with 2 CPU processes: every rank logs the same decisions; budget is exact.
     probe=1 makes one-row requests, so some ranks have no share (ZeRO-3 pads, ZeRO-2 skips). In events mode
-    the main process's event round drives batched generation on both ranks."""
+    the main process's event round drives batched generation on both ranks; in stream mode its stream does,
+    and every rank holds the open groups' rows until they commit."""
     import subprocess
     import sys
 

@@ -341,7 +341,7 @@ class DynamicSamplingEventRound(EventRound):
 
     def _open_groups(self):
         judged = set(self.groups) | set(self.rejected)
-        return {pid: {"results": list(got)} for pid, got in self.results.items()
+        return {pid: {"results": list(got), "need": 0} for pid, got in self.results.items()
                 if pid not in judged and len(got) < self.k}
 
     def _next(self, room):
@@ -398,7 +398,8 @@ class FullEventRound(EventRound):
 
     def _open_groups(self):
         unstarted = dict(self.queue)
-        return {pid: {"size": self.size[pid], "results": list(got), "unstarted": unstarted.get(pid, 0)}
+        return {pid: {"size": self.size[pid], "results": list(got), "unstarted": unstarted.get(pid, 0),
+                      "need": unstarted.get(pid, 0)}
                 for pid, got in self.results.items() if pid not in set(self.groups)}
 
     def _next(self, room):

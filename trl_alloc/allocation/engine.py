@@ -100,12 +100,16 @@ class AllocationEngine:
         return self._plan
 
     # ------------------------------------------------------------------ one round (main process)
-    def start_round(self, events=False):
+    def start_round(self, events=False, carry=None):
         """The pacer's proposal opens the filler's round (fed one rollout at a time with `events`, see
-        `event_rounds`); returns the number of prompts admitted."""
+        `event_rounds`; with `carry`, the stream's next round, resuming an earlier round's open groups);
+        returns the number of prompts admitted."""
         units = self.pacer.propose()
-        start = self.filler.start_event_round if events else self.filler.start_round
-        self._round = start(**self.join(self.pacer, units))
+        if carry is not None:
+            self._round = self.filler.start_event_round(**self.join(self.pacer, units, carry=carry))
+        else:
+            kwargs = self.join(self.pacer, units)
+            self._round = (self.filler.start_event_round if events else self.filler.start_round)(**kwargs)
         return int((units > 0).sum())
 
     def next_request(self):
@@ -150,7 +154,8 @@ class AllocationEngine:
     def finish_round(self):
         """Close the round: the pacer learns each prompt's successes and failures; returns the round's summary."""
         rnd, self._round = self._round, None
-        self.pacer.update(*rnd.outcomes(self.pacer.num_prompts))
+        carried = {"prepaid": rnd.prepaid_counts(self.pacer.num_prompts)} if getattr(rnd, "carries", False) else {}
+        self.pacer.update(*rnd.outcomes(self.pacer.num_prompts), **carried)
         out = {"groups": [int(g) for g in rnd.groups], "stats": rnd.stats(),
                "finished": bool(self.pacer.finished), "remaining": int(self.pacer.remaining_responses)}
         if hasattr(self.pacer, "pacing_gap"):
@@ -160,13 +165,16 @@ class AllocationEngine:
         return out
 
     # ------------------------------------------------------------------ bookkeeping (every rank)
-    def record_round(self, summary, rows, admitted, requests, loss_responses, allocator_s, round_s, events=None):
+    def record_round(self, summary, rows, admitted, requests, loss_responses, allocator_s, round_s, events=None,
+                     responses=None):
         """Counters, exposure and the round's history entry, from the broadcast summary; returns the entry.
-        `events`: an event-driven round's order of events, kept in the round log for audit."""
+        `events`: an event-driven round's order of events, kept in the round log for audit. `responses`
+        (stream mode): what the round started, when its rows (what ended) are not all it spent."""
         stats = summary["stats"]
         c, tokens = self.counters, sum(len(r["completion_ids"]) for r in rows)
+        responses = len(rows) if responses is None else int(responses)
         c["rounds"] += 1
-        c["responses"] += len(rows)
+        c["responses"] += responses
         c["tokens"] += tokens
         c["unscored"] += int(stats.get("unscored", 0))
         c["empty_rounds"] += int(loss_responses == 0)
@@ -179,7 +187,7 @@ class AllocationEngine:
         np.add.at(self.exposure, [r["pid"] for r in rows], 1)
         self.round_log.append({"round": c["rounds"] - 1, "requests": requests, "groups": summary["groups"],
                                **({} if events is None else {"events": events})})
-        entry = {"round": c["rounds"], "responses": len(rows), "tokens": tokens,
+        entry = {"round": c["rounds"], "responses": responses, "tokens": tokens,
                  "admitted": admitted, "groups": len({r["pid"] for r in rows}), "committed": stats["groups"],
                  "effective_groups": stats["effective_groups"], "abandoned": stats["abandoned"],
                  "pruned": stats.get("pruned", 0), "aborted": stats.get("aborted", 0),

@@ -19,8 +19,8 @@ exactly once. An aborted rollout is a spent response without reward (`aborted`),
 - `BatchedEventRound`: any batched `Round` as events (each of its requests is one submission).
 
 Carry-over (`rollout_mode="stream"`, APRIL-style; a round started with `carry=...`, `{}` for the first): the
-round closes as soon as it has its groups or has started its whole budget (so it never waits on its slowest
-rollouts), and its open groups are not aborted. `hand_over(expire)` gives them, with their rollouts still in
+round closes as soon as it has its groups or has started its whole budget and observed a rollout (so it never
+waits on its slowest rollouts), and its open groups are not aborted. `hand_over(expire)` gives them, with their rollouts still in
 flight and what they observed so far, to the next round (`start_event_round(..., carry=...)`), which resumes
 them first and excludes them from its fresh stream; so a group may straddle a round boundary. Accounting
 stays exact across rounds: a rollout is spent by the round that started it (`outcomes` reports what each
@@ -50,6 +50,7 @@ class EventRound(Round):
         self.carries = carry is not None  # stream mode: open groups go on into the next round
         self.after_close = []  # rows that ended after the close, not observed (the driver hands them on)
         self.expired = []  # open groups dropped at the close (too stale to carry)
+        self.observed = 0  # rollouts observed by this round (a stream round closes after its first, at the earliest)
         self._closed = False
 
     def _adopt_carry(self, carry):
@@ -116,7 +117,7 @@ class EventRound(Round):
             self.generation_calls += 1
         elif not self.in_flight:
             self._close()  # nothing running and nothing left to start
-        if self.carries and self._exhausted():
+        if self.carries and self._exhausted() and self.observed:
             self._close()  # stream mode: its budget is all started; what runs goes on into the next round
         return out
 
@@ -130,6 +131,7 @@ class EventRound(Round):
         if self.live[pid] <= 0:
             raise ValueError(f"prompt {pid} has no rollout in flight; every submitted rollout is observed once.")
         self.live[pid] -= 1
+        self.observed += 1
         if not self.live[pid]:
             del self.live[pid]
             self.cancelled.discard(pid)

@@ -257,7 +257,7 @@ class SARAEventRound(EventRound):
 
     def _open_groups(self):
         return {pid: {"pid": pid, "started": started, "ended": n, "s": s, "f": fail, "a": float(self.pa[pos]),
-                      "b": float(self.pb[pos])} for pid, (pos, started, n, s, fail) in
+                      "b": float(self.pb[pos]), "need": self.f.k - started} for pid, (pos, started, n, s, fail) in
                 ((int(p), [int(x) for x in v]) for p, v in self.active.items())}
 
     def _next(self, room):

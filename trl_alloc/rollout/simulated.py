@@ -184,10 +184,8 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
 
     def open_round(carry=None):
         kw = round_arguments(pacer, pacer.propose(), filling, args.units_per_group * args.unit_size,
-                             history_decay=args.history_decay)
-        if mode == "sync":
-            return BatchedEventRound(filler.start_round(**kw))
-        return filler.start_event_round(**kw) if carry is None else filler.start_event_round(**kw, carry=carry)
+                             history_decay=args.history_decay, carry=carry)
+        return BatchedEventRound(filler.start_round(**kw)) if mode == "sync" else filler.start_event_round(**kw)
 
     def close_round(rnd, trained):
         pacer.update(*rnd.outcomes(pacer.num_prompts), **({"prepaid": rnd.prepaid_counts(pacer.num_prompts)}

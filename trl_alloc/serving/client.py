@@ -26,6 +26,7 @@ What changes:
 from __future__ import annotations
 
 import builtins
+import contextlib
 import time
 import warnings
 from collections.abc import Iterable
@@ -266,6 +267,17 @@ class AllocVLLMClient(WeightSyncMixin, VLLMClient):
             groups.append(CompletionGroup(prompt_ids, out["completion_ids"][sl], out["finish_reasons"][sl],
                                           out["logprobs"][sl] if out["logprobs"] is not None else None))
         return groups
+
+    # ------------------------------------------------------------------ pausing the engine (stream mode)
+    @contextlib.contextmanager
+    def paused(self, mode: str = "keep"):
+        """vLLM's own ``POST /pause?mode=keep`` around a weight push: in-flight requests are frozen with their KV
+        cache and go on, on the new weights, after ``POST /resume`` (nothing is regenerated)."""
+        self._post(f"{self.base_url}/pause", params={"mode": mode})
+        try:
+            yield
+        finally:
+            self._post(f"{self.base_url}/resume")
 
     # ------------------------------------------------------------------ worker extension RPC
     def collective_rpc(self, method: str, args: Iterable = (), kwargs: dict | None = None,

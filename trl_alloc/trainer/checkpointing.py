@@ -102,18 +102,27 @@ class CheckpointMixin:
 
     def allocation_state(self):
         """The engine's state as plain JSON-serialisable data (what checkpoints hold), with the run's
-        per-round history, so the report after a resume covers the whole run."""
-        return self.engine.state_dict()
+        per-round history, so the report after a resume covers the whole run. Stream mode: the state at the
+        last close (the next round is already open), with what became of the rollouts then in flight."""
+        note = self.stream_note()
+        if note is None:
+            return self.engine.state_dict()
+        return {**self._stream_state, "stream": note}
 
     def load_allocation_state(self, state, path=ALLOCATION_STATE_NAME, check=True):
+        self._end_stream()
         self.engine.load_state_dict(state, where=path, check_plan=check)
+        note = state.get("stream")
+        if note and note.get("in_flight") and self.accelerator.is_main_process:
+            print(f"[trl-alloc] {path}: {note['in_flight']} rollouts were in flight and {note['open_groups']} groups "
+                  f"open at this checkpoint; they were spent (counted in the budget) and are not trained.")
 
     def _allocator_snapshot(self):
         """The engine's state at the start of a round (a failed round is rolled back to it before the
         rescue checkpoint; without checkpoints there is nothing to roll back for)."""
         if not self.accelerator.is_main_process or self.args.save_strategy == "no":
             return None
-        return self.engine.snapshot()
+        return self.allocation_state() if self.stream_note() is not None else self.engine.snapshot()
 
     def _rescue_checkpoint(self, start_state=None):
         """A round failed (e.g. dynamic sampling hit its cap): roll the allocator back to the round's

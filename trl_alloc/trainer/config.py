@@ -110,7 +110,13 @@ class AllocGRPOConfig(GRPOConfig):
     rollout_mode: str = field(default="deterministic", metadata={
         "help": "'deterministic': each round is a sequence of batched generation calls (bit-exact for a seed). "
         "'events': rollouts are started within a window and decided on one at a time as they end, the surplus "
-        "aborted (vLLM server mode streams them; transformers generation batches what is pending)."})
+        "aborted (vLLM server mode streams them; transformers generation batches what is pending). 'stream': one "
+        "stream across rounds: a round closes once it has its groups or has started its budget, its unfinished "
+        "rollouts go on into the next round, whose rollouts start before this one trains (docs/benchmarks.md)."})
+    max_staleness: int = field(default=2, metadata={
+        "help": "Stream mode: the most policy versions a trained token may be older than the policy that trains it; "
+        "an open group that would exceed it is dropped (its rollouts aborted and counted). Stale tokens get TRL's "
+        "vLLM importance-sampling correction (`vllm_importance_sampling_correction`)."})
     rollout_max_inflight: int | None = field(default=None, metadata={
         "help": "Events mode: most rollouts running at once. None = the generation batch (what stock TRL runs)."})
     sara_overcommit: float = field(default=1.5, metadata={
@@ -164,7 +170,10 @@ class AllocGRPOConfig(GRPOConfig):
                          ("sara_safety_factor", 1), ("max_generation_batches", 1), ("knapsack_min_n", 1)):
             if int(getattr(self, name)) < lo:
                 raise ValueError(f"`{name}` must be >= {lo}, got {getattr(self, name)}.")
-        _check_choice("rollout_mode", self.rollout_mode, ("deterministic", "events"))
+        _check_choice("rollout_mode", self.rollout_mode, ("deterministic", "events", "stream"))
+        if int(self.max_staleness) < 1:
+            raise ValueError(f"`max_staleness` must be >= 1, got {self.max_staleness}: a stream's rollouts started "
+                             "while a round trains are one version old (rollout_mode='events' stays on-policy).")
         if self.rollout_max_inflight is not None and self.rollout_max_inflight < k:
             raise ValueError(f"`rollout_max_inflight` ({self.rollout_max_inflight}) must hold at least one group "
                              f"(num_generations = {k}).")

@@ -47,7 +47,7 @@ from .config import AllocDAPOConfig, AllocGRPOConfig
 from .generation import RequestGenerationMixin
 from .loss_batch import LossBatchMixin
 from .metrics import RoundMetricsMixin
-from .streaming import EventRoundMixin
+from .streaming import EventRoundMixin, StreamRoundMixin
 from .trl_compat import check_trainer, check_trl, is_zero3, patch_trl_vllm_client, train_metrics
 
 TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
@@ -95,12 +95,13 @@ class _AllocationCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         t = self.trainer
+        t._end_stream()  # stream mode: what still runs is aborted (spent, never trained)
         if t.accelerator.is_main_process and t.engine.history and t._rounds_this_session:
             t.allocation_summary = t.write_allocation_report()
 
 
-class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, LossBatchMixin, RoundMetricsMixin, CheckpointMixin,
-                       HubMixin, GRPOTrainer):
+class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin, LossBatchMixin, RoundMetricsMixin,
+                       CheckpointMixin, HubMixin, GRPOTrainer):
     """GRPOTrainer whose sampling step is a CERO/SARA-style allocation pipeline (see module docstring).
 
     Takes GRPOTrainer's arguments; `args` must be an `AllocGRPOConfig` and `train_dataset` an indexable
@@ -271,22 +272,35 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, LossBatchMixin, 
         t_round = time.perf_counter()
         self._allocator_s = 0.0
         engine = self.engine
-        events = self.args.rollout_mode == "events"
-        admitted = self._allocator(engine.start_round, events)
-        rows, requests, log = [], [], None
-        if events:  # rollouts started within a window, decided on as they end (streaming.py)
+        mode = self.args.rollout_mode
+        if mode == "stream":  # one stream across rounds: carry-over, the next round runs while this one trains
+            rows, trained, summary, admitted, log = self._run_stream_round()
+            requests = []
+        else:
+            admitted = self._allocator(engine.start_round, mode == "events")
+            rows, requests, log = [], [], None
+        if mode == "events":  # rollouts started within a window, decided on as they end (streaming.py)
             rows, log = self._run_event_round()
-        while not events and (request := self._allocator(engine.next_request)) is not None:
+        while mode == "deterministic" and (request := self._allocator(engine.next_request)) is not None:
             requests.append(request)
             new = self._generate_and_score_request(*request)
             rows.extend(new)
             self._allocator(engine.observe, new, request)
-        summary = self._allocator(engine.finish_round)
-        batches = self._build_loss_batches(rows, summary["groups"])
+        if mode != "stream":
+            summary = self._allocator(engine.finish_round)
+            trained = rows
+        batches = self._build_loss_batches(trained, summary["groups"])
         entry = engine.record_round(summary, rows, admitted, requests, len(self._round_loss_rows), self._allocator_s,
-                                    time.perf_counter() - t_round, events=None if log is None else log["events"])
+                                    time.perf_counter() - t_round, events=None if log is None else log["events"],
+                                    responses=summary["stats"]["responses"] if mode == "stream" else None)
         if log is not None:
             entry["engine_wait_s"] = round(log["waited_s"], 6)
+        if mode == "stream":
+            staleness = [r["staleness"] for r in self._round_loss_rows]
+            entry.update(carried=log["carried"], stale_aborted=log["stale_aborted"], in_flight=log["in_flight"],
+                         staleness_max=max(staleness, default=0),
+                         staleness_mean=round(sum(staleness) / len(staleness), 6) if staleness else 0.0)
+            self._after_stream_round(summary)
         self._rounds_this_session += 1
         self._log_round(rows, summary, entry)
         return batches

@@ -26,7 +26,7 @@ class LossBatchMixin:
         groups = [g for g in dict.fromkeys(groups) if by_pid[g]]
         loss_rows = [rows[i] for g in groups for i in by_pid[g]]
         sizes = [len(by_pid[g]) for g in groups]
-        self._round_loss_rows, self._round_zero_std = loss_rows, None
+        self._round_loss_rows, self._round_zero_std, self._round_sampling = loss_rows, None, {}
         self._round_empty = not loss_rows
         split = self.args.steps_per_generation
         if not loss_rows:
@@ -49,6 +49,7 @@ class LossBatchMixin:
             part = part.tolist()
             batches.append(self._collate([loss_rows[i] for i in part], advantages[part], num_items,
                                          [keep[i] for i in part]))
+        self._round_sampling = _sampling_stats(batches)
         return batches
 
     def _collate(self, rows, advantages, num_items, keep=None):
@@ -117,3 +118,23 @@ class LossBatchMixin:
         model = self.accelerator.unwrap_model(self.model)
         with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
             return self._policy_logps(batch, self.model)
+
+
+def _sampling_stats(batches):
+    """TRL's `sampling/*` metrics of the vLLM importance-sampling correction, over this rank's loss tokens."""
+    if not batches or "importance_sampling_ratio" not in batches[0]:
+        return {}
+    ratio, diff = [], []
+    for b in batches:
+        mask = (b["completion_mask"] * b.get("tool_mask", 1)).bool()
+        r = b["importance_sampling_ratio"]
+        ratio.append((r.expand_as(mask) if r.size(-1) == 1 else r)[mask])
+        diff.append((b["old_per_token_logps"] - b["sampling_per_token_logps"]).abs()[mask])
+    ratio, diff = torch.cat(ratio), torch.cat(diff)
+    if not ratio.numel():
+        return {}
+    return {"sampling/sampling_logp_difference/mean": diff.mean().item(),
+            "sampling/sampling_logp_difference/max": diff.max().item(),
+            "sampling/importance_sampling_ratio/min": ratio.min().item(),
+            "sampling/importance_sampling_ratio/mean": ratio.mean().item(),
+            "sampling/importance_sampling_ratio/max": ratio.max().item()}

@@ -39,6 +39,11 @@ class RoundMetricsMixin:
         if "aborted" in stats:  # event mode
             m["alloc/responses_aborted"].append(float(stats["aborted"]))
             m["alloc/engine_wait_s"].append(float(entry.get("engine_wait_s", 0.0)))
+        for key in ("carried", "stale_aborted", "in_flight", "staleness_mean", "staleness_max"):  # stream mode
+            if key in entry:
+                m[f"alloc/{key}"].append(float(entry[key]))
+        for key, value in getattr(self, "_round_sampling", {}).items():  # TRL's names
+            m[key].append(value)
         for key in sorted(set(stats) - set(BASE_STATS)):  # e.g. SARA's mean_rollouts_to_decide
             m[f"alloc/{self.args.filling}/{key}"].append(float(stats[key]))
         m["alloc/time_s"].append(entry["allocator_s"])

@@ -13,10 +13,22 @@ cohort (one submission's rollouts) at a time; pruned rollouts are aborted in the
 the same request (`rollout.streaming`). Otherwise the rollouts pending at each poll are generated together by TRL's
 generation step across the ranks (`BatchedRollouts` without a generate function), so ZeRO-3 works and a run
 is reproducible. The order of events goes to the round log.
+
+`rollout_mode="stream"` keeps one `rollout.streaming.StreamDriver` across rounds: a round closes once it has
+its groups or has started its budget; its open groups (and their rollouts in flight) go on into the next
+round, which is opened and starts submitting *before* this round's rows are returned to TRL's optimizer step,
+so a vLLM server generates while the trainer trains. Each weight push pauses the server with vLLM's
+`/pause?mode=keep` and resumes it (in-flight rollouts continue on the new weights). Every rank keeps the scored
+rows of open groups until they commit; each trained row carries its `staleness`, and TRL's vLLM
+importance-sampling correction (old log-probs of the policy being trained vs vLLM's sampling log-probs) is
+what corrects the stale tokens. A checkpoint holds the allocator's state at the last close; the rollouts then
+in flight are named in it and dropped if the run resumes from there (spent, never trained).
 """
 
 from ..rollout.events import BatchedRollouts, VLLMServerRollouts
-from ..rollout.streaming import RoundDriver
+import contextlib
+
+from ..rollout.streaming import RoundDriver, StreamDriver
 from .trl_compat import sync_vllm_weights, tokenize_prompts, vllm_server_url
 
 
@@ -30,11 +42,17 @@ class EventRoundMixin:
 
     def _check_event_mode(self):
         args = self.args
-        if args.rollout_mode != "events":
+        if args.rollout_mode == "deterministic":
             return
         if self.use_vllm and args.vllm_mode != "server":
-            raise ValueError("rollout_mode='events' streams rollouts from a vLLM server; with vllm_mode="
+            raise ValueError(f"rollout_mode={args.rollout_mode!r} streams rollouts from a vLLM server; with vllm_mode="
                              f"{args.vllm_mode!r} use rollout_mode='deterministic' (or vllm_mode='server').")
+        if args.rollout_mode == "stream" and args.pruning != "none":
+            raise ValueError(f"rollout_mode='stream' does not prune yet (pruning={args.pruning!r}); use "
+                             "rollout_mode='events' for pruning inside the stream, or pruning='none'.")
+        if args.rollout_mode == "stream" and args.steps_per_round > 1:
+            raise ValueError("rollout_mode='stream' trains each round in one optimizer step (steps_per_round=1): "
+                             "the next round's rollouts are already running on its weights.")
 
     @property
     def rollout_window(self):
@@ -51,16 +69,31 @@ class EventRoundMixin:
                                   top_k=args.top_k or 0, max_inflight=self.rollout_window,
                                   request_timeout=args.vllm_server_timeout, extra=extra, quality_head=head)
 
+    def _prompt_ids_of(self, pid):
+        cache = self.__dict__.setdefault("_prompt_ids_cache", {})
+        if pid not in cache:
+            cache[pid] = list(map(int, tokenize_prompts(self, [self.train_dataset[int(pid)]["prompt"]])[0]))
+        return cache[pid]
+
+    def _poll_rounds(self, driver):
+        """Poll `driver` (main process) until its round is done; every rank scores each batch. Returns the rows."""
+        rows = []
+        while (batch := self._main_call(lambda: None if (b := driver.poll()) is None else _plain(b))) is not None:
+            if batch[0]["finish_reason"] is None:  # not generated yet: one batched call across ranks
+                new = self._generate_and_score_request([r["pid"] for r in batch], [1] * len(batch))
+            else:
+                new = self._score_rollouts(batch)
+            for row, r in zip(new, batch):
+                row["rid"] = r["rid"]
+            rows.extend(new)
+            self._allocator(lambda: driver.observe(new))
+        return rows
+
     def _run_event_round(self):
         """The round's rows and its log (the order of events, seconds waited on the engine), on every rank."""
         if self.use_vllm:
             sync_vllm_weights(self)
-        driver, cache = None, {}
-
-        def prompt_ids_of(pid):
-            if pid not in cache:
-                cache[pid] = list(map(int, tokenize_prompts(self, [self.train_dataset[int(pid)]["prompt"]])[0]))
-            return cache[pid]
+        driver, prompt_ids_of = None, self._prompt_ids_of
 
         if self.accelerator.is_main_process:
             in_stream = self.use_vllm and self.pruner is not None
@@ -73,15 +106,8 @@ class EventRoundMixin:
                                  timeout=self.args.vllm_server_timeout if self.use_vllm else None,
                                  detect_at=self.pruner.detect_length if in_stream else None,
                                  on_detect=prune if in_stream else None)
-        rows = []
         try:
-            while (batch := self._main_call(lambda: None if (b := driver.poll()) is None else _plain(b))) is not None:
-                if batch[0]["finish_reason"] is None:  # not generated yet: one batched call across ranks
-                    new = self._generate_and_score_request([r["pid"] for r in batch], [1] * len(batch))
-                else:
-                    new = self._score_rollouts(batch)
-                rows.extend(new)
-                self._allocator(lambda: driver.observe(new))
+            rows = self._poll_rounds(driver)
         finally:
             if driver is not None:
                 driver.rollouts.close()
@@ -89,3 +115,86 @@ class EventRoundMixin:
                     self.pruner.add_time(scoring_s=driver.rollouts.scoring_s + driver.rollouts.hook_s)
         events = self._main_call(lambda: {"events": driver.events, "waited_s": driver.waited_s})
         return rows, events
+
+
+class StreamRoundMixin:
+    """`_run_stream_round`: one round of `rollout_mode="stream"` (module docstring); state on every rank."""
+
+    _stream = None          # the StreamDriver (main process)
+    _stream_open = False    # the round to run is already open (started before the last one trained)
+    _stream_admitted = 0
+    _stream_state = None    # the engine's state at the last close: what a checkpoint holds
+    _stream_step = 0        # the global step of the last version bump
+
+    def _stream_driver(self):
+        if self._stream is None and self.accelerator.is_main_process:
+            self._stream = StreamDriver(self._rollout_engine(), self._prompt_ids_of, self.args.max_completion_length,
+                                        self.rollout_window, self.args.vllm_server_timeout if self.use_vllm else None,
+                                        max_staleness=self.args.max_staleness)
+        return self._stream
+
+    def _stream_push(self):
+        """After an optimizer step: the new weights to the engine (paused with `mode=keep`), one version on."""
+        if self.state.global_step == self._stream_step:
+            return
+        if self.use_vllm:
+            client = self.vllm_generation.vllm_client
+            with client.paused() if self.accelerator.is_main_process else contextlib.nullcontext():
+                sync_vllm_weights(self)
+        self._stream_step = self.state.global_step
+        self._allocator(lambda: self._stream.push())
+
+    def _open_stream_round(self):
+        self._stream_admitted = self._allocator(lambda: self.engine.start_round(True, self._stream.carry))
+        self._allocator(lambda: self._stream.start(self.engine.current_round))
+        self._stream_open = True
+
+    def _run_stream_round(self):
+        """(rows that ended this round, the rows to train with their staleness, the engine's summary, the number of
+        prompts admitted, the log) on every rank."""
+        driver = self._stream_driver()
+        self._stream_push()
+        if not self._stream_open:  # the first round, or the first after a resume
+            self._open_stream_round()
+        self._stream_open = False
+        held_rows = self.__dict__.setdefault("_stream_rows", {})
+        rows = self._poll_rounds(driver)
+        held_rows.update({row["rid"]: row for row in rows if not row.get("aborted")})
+        summary = self._allocator(self.engine.finish_round)
+        def close():  # main process: what to train, what to hold, the round's own events
+            events, driver.events = driver.events, []
+            return ([(row["rid"], row["staleness"]) for row in driver.trained],
+                    sorted(row["rid"] for rs in driver.held.values() for row in rs),
+                    {"events": events, "waited_s": driver.waited_s, "carried": driver.carried,
+                     "stale_aborted": driver.stale_aborted, "version": driver.version,
+                     "in_flight": len(driver.live) + len(driver.replay)})
+
+        trained, held, log = self._main_call(close)
+        trained_rows = [dict(held_rows[rid], staleness=s) for rid, s in trained]
+        self._stream_rows = {rid: held_rows[rid] for rid in held}
+        return rows, trained_rows, summary, self._stream_admitted, log
+
+    def _after_stream_round(self, summary):
+        """The close's state for checkpoints, then the next round opens at once (its rollouts run while this one
+        trains), or the stream ends with the budget."""
+        self._stream_state = self.engine.snapshot() if self.accelerator.is_main_process else None
+        if not summary["finished"]:
+            self._open_stream_round()
+        else:
+            self._end_stream()
+
+    def _end_stream(self):
+        if self._stream is not None:  # (main process) spent by the rounds that started them, never trained
+            self.stream_dropped = len(self._stream.finish())
+            self._stream.rollouts.close()
+            self._stream = None
+        self._stream_open, self._stream_rows = False, {}
+
+    def stream_note(self):
+        """What became of the stream's rollouts at a checkpoint (None outside stream mode)."""
+        if not self._stream_open or self._stream is None:
+            return None
+        d = self._stream
+        return {"in_flight": len(d.live) + len(d.replay), "open_groups": len(d.carry),
+                "held_rows": sum(len(r) for r in d.held.values()), "fate": "spent (counted in the budget) and not trained if the run resumes from this checkpoint: "
+                "rollouts in flight and open groups are not saved"}

@@ -1,0 +1,107 @@
+"""AllocGRPOTrainer with rollout_mode="stream" (trainer/streaming.py) on the tiny model, transformers generation:
+one stream across rounds keeps the budget exact, trains each carried rollout once and none older than
+`max_staleness`, and a checkpoint taken mid-stream says what became of the rollouts then in flight."""
+
+import json
+import os
+from collections import Counter
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+from helpers import build  # noqa: E402
+
+from trl_alloc.allocation.engine import json_default  # noqa: E402
+from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
+
+
+def train_with_spy(trainer, **kwargs):
+    """Train, keeping each round's loss rows (what TRL's loss saw)."""
+    seen, inner = [], trainer._build_loss_batches
+
+    def spy(rows, groups):
+        out = inner(rows, groups)
+        seen.append((list(trainer._round_loss_rows), list(groups)))
+        return out
+
+    trainer._build_loss_batches = spy
+    trainer.train(**kwargs)
+    return seen
+
+
+def check_stream(trainer, seen, budget, max_staleness):
+    spent = budget - trainer.engine.pacer.remaining_responses
+    assert trainer.engine.counters["responses"] == spent <= budget  # spent at submission, in flight included
+    assert sum(h["responses"] for h in trainer.engine.history) == spent
+    events = [e for entry in trainer.engine.round_log for e in entry["events"]]
+    submitted = [rid for kind, _, rid in events if kind == "submit"]
+    ended = Counter(rid for kind, _, rid in events if kind != "submit")
+    assert len(submitted) == len(set(submitted)) == spent  # every started rollout is in the log once...
+    assert set(ended) <= set(submitted) and set(ended.values()) <= {1}  # ...and ends at most once (the rest:
+    # still running when the stream ended, aborted by `finish`)
+    trained = Counter(r["rid"] for rows, _ in seen for r in rows)
+    assert trained and set(trained.values()) == {1}  # carried rollouts are trained once, never twice
+    for rows, groups in seen:
+        assert all(r["pid"] in groups and not r.get("aborted") for r in rows)
+        assert all(0 <= r["staleness"] <= max_staleness for r in rows)
+    return trained
+
+
+@pytest.mark.parametrize("pacing,filling", [("cero", "sara"), ("uniform", "full"), ("uniform", "dynamic_sampling")])
+def test_stream_keeps_the_budget_exact_and_trains_each_rollout_once(tmp_path, pacing, filling):
+    budget = 64
+    trainer = build(tmp_path, pacing=pacing, filling=filling, num_rounds=8, rollout_budget=budget,
+                    max_generation_batches=50, rollout_mode="stream", rollout_max_inflight=6, max_staleness=2)
+    seen = train_with_spy(trainer)
+    check_stream(trainer, seen, budget, 2)
+    assert trainer.state.global_step == trainer.engine.counters["rounds"]
+    logged = {k for x in trainer.state.log_history for k in x}
+    assert {"alloc/carried", "alloc/staleness_max", "alloc/in_flight"} <= logged
+
+
+def test_stream_carries_groups_across_rounds(tmp_path):
+    """SARA's groups straddle round boundaries: some round trains rows that ended in an earlier round."""
+    trainer = build(tmp_path, pacing="uniform", filling="sara", num_rounds=8, rollout_budget=96,
+                    rollout_mode="stream", rollout_max_inflight=5, max_staleness=3)
+    seen = train_with_spy(trainer)
+    check_stream(trainer, seen, 96, 3)
+    assert sum(h.get("carried", 0) for h in trainer.engine.history) > 0
+    assert any(r["staleness"] >= 1 for rows, _ in seen for r in rows)
+
+
+def test_stream_mode_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="max_staleness"):
+        build(tmp_path, rollout_mode="stream", max_staleness=0)
+    with pytest.raises(ValueError, match="does not prune yet"):
+        build(tmp_path, rollout_mode="stream", pruning="random", detect_length=2)
+
+
+def test_stream_resume_mid_stream(tmp_path):
+    """A checkpoint holds the allocator's state at the last close and names the rollouts then in flight; a run
+    resumed from it starts from that state and keeps the budget exact."""
+    kw = dict(pacing="uniform", filling="full", num_rounds=6, rollout_budget=48, save_strategy="steps",
+              save_steps=2, rollout_mode="stream", rollout_max_inflight=5, max_staleness=2)
+    full = build(tmp_path / "full", **kw)
+    full.train()
+    ckpt = tmp_path / "full" / "checkpoint-2"
+    saved = json.loads((ckpt / ALLOCATION_STATE_NAME).read_text())
+    assert saved["counters"]["rounds"] == 2 and "stream" in saved
+    assert {"in_flight", "open_groups", "held_rows", "fate"} <= set(saved["stream"])
+    resumed = build(tmp_path / "resumed", **kw)
+    loaded = []
+    inner = resumed.load_allocation_state
+
+    def spy(state, *args, **kwargs):
+        out = inner(state, *args, **kwargs)
+        loaded.append(json.loads(json.dumps(resumed.engine.state_dict(), default=json_default)))
+        return out
+
+    resumed.load_allocation_state = spy
+    seen = train_with_spy(resumed, resume_from_checkpoint=str(ckpt))
+    after_load = loaded[0]
+    assert after_load["pacer"] == saved["pacer"] and after_load["counters"] == saved["counters"]
+    assert resumed.engine.counters["rounds"] == full.engine.counters["rounds"]
+    assert saved["stream"]["in_flight"] > 0  # this run had rollouts in flight at the checkpoint
+    spent = 48 - resumed.engine.pacer.remaining_responses
+    assert resumed.engine.counters["responses"] == spent <= 48
+    assert all(0 <= r["staleness"] <= 2 for rows, _ in seen for r in rows)
