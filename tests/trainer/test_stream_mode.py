@@ -105,3 +105,68 @@ def test_stream_resume_mid_stream(tmp_path):
     spent = 48 - resumed.engine.pacer.remaining_responses
     assert resumed.engine.counters["responses"] == spent <= 48
     assert all(0 <= r["staleness"] <= 2 for rows, _ in seen for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_stream_through_the_vllm_server(tmp_path):
+    """vLLM server mode: rollouts keep running while the trainer trains, each weight push pauses the server with
+    /pause?mode=keep (in-flight rollouts go on, on the new weights), stale tokens are trained with TRL's
+    importance-sampling correction from vLLM's sampling log-probs, and no trained token is too old."""
+    from datasets import Dataset
+    from helpers import build_served_model, make_args
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_alloc.serving import start_server
+    from trl_alloc.trainer import AllocGRPOTrainer
+    from trl_alloc.trainer.trl_compat import patch_trl_vllm_client
+
+    model_dir = str(tmp_path / "tiny")
+    build_served_model(model_dir)
+    with start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}) as server:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
+
+        def first_digit_reward(completions, answer, **kwargs):
+            return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
+
+        budget = 48  # full groups (stock GRPO as a stream): every committed group trains, whatever the rewards
+        args = make_args(str(tmp_path / "out"), pacing="uniform", filling="full", num_rounds=6, rollout_budget=budget,
+                         max_completion_length=24, rollout_mode="stream", rollout_max_inflight=8, max_staleness=2,
+                         use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url, vllm_server_timeout=120,
+                         generation_kwargs=None, learning_rate=1e-2)
+        with patch_trl_vllm_client(request_timeout=300):
+            trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                                       reward_funcs=first_digit_reward, args=args,
+                                       train_dataset=Dataset.from_list(rows), processing_class=tok)
+        batches, inner = [], trainer._collate
+
+        def spy(rows_, *a, **kw):
+            out = inner(rows_, *a, **kw)
+            batches.append((rows_, out))
+            return out
+
+        trainer._collate = spy
+        client = trainer.vllm_generation.vllm_client
+        pauses, paused = [], client.paused
+
+        def count_pauses(mode="keep"):
+            pauses.append(mode)
+            return paused(mode)
+
+        client.paused = count_pauses
+        seen = train_with_spy(trainer)
+        check_stream(trainer, seen, budget, 2)
+        # one push per optimizer step but the last (no rollout runs on its weights), each inside a keep-pause
+        assert pauses == ["keep"] * (trainer.state.global_step - 1) and trainer.state.global_step >= 3
+        assert client.weights_checksum()["num_pushes"] >= len(pauses)
+        assert not client._get(f"{server.url}/is_paused")["is_paused"]  # every pause was resumed
+        trained = [r for rows_, _ in seen for r in rows_]
+        assert any(r["staleness"] >= 1 for r in trained)  # rollouts ran while the trainer trained
+        for rows_, out in batches:  # the correction, from vLLM's sampling log-probs, on every trained token
+            if not rows_:
+                continue
+            assert all(len(r["sampling_logps"]) == len(r["completion_ids"]) for r in rows_)
+            assert "importance_sampling_ratio" in out and "sampling_per_token_logps" in out
+        logged = {k for x in trainer.state.log_history for k in x}
+        assert {"sampling/importance_sampling_ratio/mean", "alloc/staleness_max", "alloc/carried"} <= logged
