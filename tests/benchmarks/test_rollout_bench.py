@@ -1,5 +1,5 @@
 """`scripts/bench_rollout.py` end to end on the tiny served model (one round per method): the table's figures add
-up, and with ARROL in the stream the engine's scores equal the trainer-side forward's."""
+up, with ARROL in the stream the engine's scores equal the trainer-side forward's, and a stream method runs."""
 
 import importlib.util
 import json
@@ -16,8 +16,8 @@ def test_bench_rollout_runs_and_compares_the_two_scoring_paths(tmp_path, capsys)
     build_served_model(str(tmp_path / "model"))
     main(["--model", str(tmp_path / "model"), "--dataset", "builtin:arithmetic", "--levels", "1", "--rounds", "1",
           "--groups", "2", "--num_generations", "4", "--max_completion_length", "8", "--detect_length", "3",
-          "--cold_start", "0", "--gpu_memory_utilization", "0.1", "--max_model_len", "128", "--methods", "stock,stock_arrol_events",
-          "--output_dir", str(tmp_path / "out")])
+          "--cold_start", "0", "--gpu_memory_utilization", "0.1", "--max_model_len", "128",
+          "--methods", "stock,stock_arrol_events,stock_stream", "--train_s", "0.2", "--output_dir", str(tmp_path / "out")])
     out = json.load(open(tmp_path / "out" / "bench_rollout.json"))["summary"]
     assert out["stock"]["responses"] == 8 and out["stock"]["pruned"] == out["stock"]["aborted"] == 0
     arrol = out["stock_arrol_events"]
@@ -26,3 +26,6 @@ def test_bench_rollout_runs_and_compares_the_two_scoring_paths(tmp_path, capsys)
     assert scoring["scored"] >= 1 and scoring["max_abs_score_diff"] < 1e-3
     assert scoring["engine_s_per_scored"] > 0 and scoring["trainer_s_per_scored"] > 0
     assert "| stock_arrol_events |" in (tmp_path / "out" / "bench_rollout.md").read_text()
+    stream = out["stock_stream"]  # one round of a stream: its groups all started, then it closes
+    assert stream["rounds"] == 1 and stream["responses"] == 8 and stream["effective_groups"] <= 2
+    assert out["stock"]["s_per_round"] >= 0.2  # the trainer's step counts in every method's round

@@ -4,6 +4,8 @@ as events (`rollout.streaming.RoundDriver`), scored as rollouts end, with the en
 the server's own `/metrics` gauge (`vllm:num_requests_running`). With pruning (ARROL in the stream), the
 quality head is sent to the server each round, the worker scores each rollout at the detection point, and
 the head learns from the round's completed rollouts as in the trainer (`rollout.pruning.RolloutPruner`).
+The policy stays fixed; `train_s` stands in for the trainer's step after each round: synchronous and event
+rounds wait for it (the engine idles), a stream (`rollout.streaming.StreamDriver`) keeps generating through it.
 """
 
 import threading
@@ -16,20 +18,23 @@ from ..allocation.engine import AllocationEngine
 from ..allocation.event_rounds import BatchedEventRound
 from ..rollout.events import VLLMServerRollouts
 from ..rollout.pruning import RolloutPruner
-from ..rollout.streaming import run_round
+from ..rollout.streaming import StreamDriver, run_round
 
 ARROL = {"pruning": "arrol"}
-# name -> (pacing, filling, events, other config fields)
+# name -> (pacing, filling, rollout mode: "sync" | "events" | "stream", other config fields)
 ROLLOUT_METHODS = {
-    "stock": ("uniform", "full", False, {}),
-    "stock_arrol_events": ("uniform", "full", True, ARROL),
-    "dapo_sync": ("uniform", "dynamic_sampling", False, {}),
-    "dapo_events": ("uniform", "dynamic_sampling", True, {}),
-    "sara_sync": ("uniform", "sara", False, {}),
-    "sara_events": ("uniform", "sara", True, {}),
-    "cero_sara_events": ("cero", "sara", True, {}),
-    "cero_sara_arrol_events": ("cero", "sara", True, ARROL),
-    "cero_sara_arrol_mixed_events": ("cero", "sara", True, {**ARROL, "prune_undecided": False}),
+    "stock": ("uniform", "full", "sync", {}),
+    "stock_arrol_events": ("uniform", "full", "events", ARROL),
+    "stock_stream": ("uniform", "full", "stream", {}),
+    "dapo_sync": ("uniform", "dynamic_sampling", "sync", {}),
+    "dapo_events": ("uniform", "dynamic_sampling", "events", {}),
+    "dapo_stream": ("uniform", "dynamic_sampling", "stream", {}),
+    "sara_sync": ("uniform", "sara", "sync", {}),
+    "sara_events": ("uniform", "sara", "events", {}),
+    "cero_sara_events": ("cero", "sara", "events", {}),
+    "cero_sara_stream": ("cero", "sara", "stream", {}),
+    "cero_sara_arrol_events": ("cero", "sara", "events", ARROL),
+    "cero_sara_arrol_mixed_events": ("cero", "sara", "events", {**ARROL, "prune_undecided": False}),
 }
 
 
@@ -73,13 +78,17 @@ class EngineMonitor:
         return float(np.mean(self.samples) / self.slots) if self.samples else float("nan")
 
 
-def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_prompts, hidden_size=None):
+def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_prompts, hidden_size=None, train_s=0.0):
     """`rounds` rounds of `method` (a ROLLOUT_METHODS name) on the server; the policy stays fixed.
 
     config: an `AllocGRPOConfig` with the method's pacing, filling (and pruning); prompt_ids_of(pid) -> token
-    ids; score(rollout) -> its success (1/0); hidden_size: the served model's (for the quality head). Returns
-    per-round figures, the engine's occupancy and, with pruning, the scored snapshots of the last round."""
-    events = ROLLOUT_METHODS[method][2]
+    ids; score(rollout) -> its success (1/0); hidden_size: the served model's (for the quality head); train_s:
+    the trainer's step after each round (module docstring). Returns per-round figures, the engine's occupancy
+    and, with pruning, the scored snapshots of the last round."""
+    mode = ROLLOUT_METHODS[method][2]
+    if mode == "stream":
+        return _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, train_s)
+    events = mode == "events"
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
     pruner = None if config.pruning == "none" else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
     engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
@@ -111,6 +120,9 @@ def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_promp
                 monitor.active = False
                 rollouts.close()
             summary = engine.finish_round()
+            monitor.active = True
+            time.sleep(train_s)  # the trainer's step: the engine waits
+            monitor.active = False
             stats = summary["stats"]
             per_round.append({"s": time.perf_counter() - t0, "responses": driver.spent, "tokens": driver.tokens,
                               "aborted": driver.aborted, "pruned": len(driver.pruned),
@@ -122,13 +134,58 @@ def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_promp
                           for r in snapshots if "score" in r.info]}
 
 
+def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, train_s):
+    """`run_rounds` as one stream across rounds: the next round opens and submits before the trainer's step."""
+    plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
+    engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan)
+    window = config.rollout_max_inflight or config.generation_batch_size
+    rollouts = VLLMServerRollouts(base_url, temperature=config.temperature, top_p=config.top_p, max_inflight=window,
+                                  request_timeout=600)
+    driver = StreamDriver(rollouts, prompt_ids_of, config.max_completion_length, window, timeout=600,
+                          max_staleness=config.max_staleness)
+    per_round, staleness = [], []
+    with EngineMonitor(base_url, window) as monitor:
+        monitor.active = True
+        try:
+            engine.start_round(True, carry=driver.carry)
+            driver.start(engine.current_round)
+            for i in range(rounds):
+                t0, spent0, tokens0, aborted0 = time.perf_counter(), driver.spent, driver.tokens, driver.aborted
+                while (batch := driver.poll()) is not None:
+                    driver.observe([{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
+                                     "success": float("nan") if r.finish_reason == "abort" else float(score(r))}
+                                    for r in batch])
+                summary = engine.finish_round()
+                staleness.extend(row["staleness"] for row in driver.trained)
+                stats = summary["stats"]
+                if i + 1 < rounds and not engine.pacer.finished:
+                    engine.start_round(True, carry=driver.carry)
+                    driver.start(engine.current_round)
+                time.sleep(train_s)  # the trainer's step: the engine generates meanwhile
+                driver.push()
+                per_round.append({"s": time.perf_counter() - t0, "responses": stats["responses"],
+                                  "tokens": driver.tokens - tokens0, "aborted": driver.aborted - aborted0,
+                                  "pruned": 0, "effective_groups": stats["effective_groups"], "groups": stats["groups"],
+                                  "submissions": stats["generation_calls"], "carried": driver.carried,
+                                  "stale_aborted": stats["expired"], "started": driver.spent - spent0})
+                if engine.pacer.finished:
+                    break
+        finally:
+            monitor.active = False
+            driver.finish()
+            rollouts.close()
+    return {"rounds": per_round, "idle": monitor.idle, "occupancy": monitor.occupancy, "head_state": None,
+            "snapshots": [], "staleness": {int(k): staleness.count(k) for k in sorted(set(staleness))}}
+
+
 def summarise(result):
     """Totals and per-effective-group figures of one method's rounds."""
     r = result["rounds"]
     eff = sum(x["effective_groups"] for x in r)
     total = {key: sum(x[key] for x in r) for key in ("s", "responses", "tokens", "aborted", "pruned")}
     per = (lambda v: v / eff) if eff else (lambda v: float("nan"))
-    return {"rounds": len(r), "s_per_round": total["s"] / max(len(r), 1), "effective_groups": eff,
+    extra = {"carried": sum(x.get("carried", 0) for x in r), "staleness": result.get("staleness")}
+    return {**extra, "rounds": len(r), "s_per_round": total["s"] / max(len(r), 1), "effective_groups": eff,
             "responses": total["responses"], "aborted": total["aborted"], "pruned": total["pruned"],
             "responses_per_eff": per(total["responses"]), "tokens_per_eff": per(total["tokens"]),
             "s_per_eff": per(total["s"]), "idle": result["idle"], "occupancy": result["occupancy"]}

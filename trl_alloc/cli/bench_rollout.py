@@ -9,14 +9,19 @@ Methods, at equal settings (B target groups of k, the same prompts, max tokens a
   dapo_events       the same as events: whole groups within the window, the surplus aborted at the target
   sara_sync         SARA, synchronous: probe, wait for the call, decide, one more call (seed 002, Algorithm 1)
   sara_events       SARA as events: decided per rollout, the next rollout or prompt started at once
+  stock_stream      stock's full groups as one stream across rounds (verl's / AReaL's asynchronous way): a
+                    round closes once its groups are all started, the rest runs on into the next round
+  dapo_stream       dynamic sampling as a stream: groups running at the target go on into the next round
   cero_sara_events  CERO + SARA as events, CERO pacing stock's total budget
+  cero_sara_stream  CERO + SARA as one stream across rounds (rollout_mode='stream', --max_staleness)
   cero_sara_arrol_events  the same with ARROL in the stream: the worker scores each rollout at
                     `--detect_length` tokens, pruned ones are aborted in the engine (head trained online,
                     `--cold_start` rounds without pruning)
   cero_sara_arrol_mixed_events  the same with `prune_undecided=False`: only rollouts of prompts already
                     known to be mixed are pruned (SARA's probes never are)
 
-Per method: s/round, responses / tokens / seconds per effective group (mixed group), aborted and pruned
+The policy is fixed; `--train_s` stands in for the trainer's step after each round (synchronous and event
+rounds wait for it, a stream generates through it). Per method: s/round (the step included), responses / tokens / seconds per effective group (mixed group), aborted and pruned
 rollouts, and the engine's idle share (no request running) and occupancy (mean running / window) from the
 server's `/metrics`. With ARROL, the two scoring paths are compared on the last round's snapshots: seconds
 per scored rollout in the engine (collecting the worker's scores) vs the trainer-side forward of prompt +
@@ -58,6 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--server_url", default=None, help="use this running server instead of starting one")
     p.add_argument("--gpu_memory_utilization", type=float, default=0.3)
     p.add_argument("--max_model_len", type=int, default=1024)
+    p.add_argument("--train_s", type=float, default=0.0, help="the trainer's step after each round (s)")
+    p.add_argument("--max_staleness", type=int, default=2, help="stream methods: rollout_mode='stream''s bound")
     p.add_argument("--output_dir", default="bench_rollout")
     args = p.parse_args(argv)
     args.methods = parse_choices(p, args.methods, ROLLOUT_METHODS, "method")
@@ -77,13 +84,13 @@ def method_config(method, args, out):
                            rollout_max_inflight=args.max_inflight, seed=args.seed, use_cpu=True, report_to=[],
                            max_generation_batches=10, tau_low=0.45, history_decay=None,
                            detect_length=args.detect_length, cold_start_steps=args.cold_start, head_hidden_size=64,
-                           **fields)
+                           max_staleness=args.max_staleness, **fields)
 
 
 def table(results):
-    head = ("| method | s/round | responses | aborted | pruned | eff. groups | responses/eff | tokens/eff | s/eff | "
-            "engine idle | occupancy |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
-    rows = [f"| {m} | {s['s_per_round']:.1f} | {s['responses']} | {s['aborted']} | {s['pruned']} | "
+    head = ("| method | s/round | responses | aborted | pruned | carried | eff. groups | responses/eff | tokens/eff | "
+            "s/eff | engine idle | occupancy |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = [f"| {m} | {s['s_per_round']:.1f} | {s['responses']} | {s['aborted']} | {s['pruned']} | {s['carried']} | "
             f"{s['effective_groups']} | "
             f"{s['responses_per_eff']:.1f} | {s['tokens_per_eff']:.0f} | {s['s_per_eff']:.2f} | {s['idle']:.2f} | "
             f"{s['occupancy']:.2f} |" for m, s in results.items()]
@@ -149,7 +156,7 @@ def main(argv=None):
         for method in args.methods:
             t0 = time.perf_counter()
             raw[method] = run_rounds(method, method_config(method, args, tmp), s.url, prompt_ids_of, score,
-                                     args.rounds, len(ds), hidden_size=hidden_size)
+                                     args.rounds, len(ds), hidden_size=hidden_size, train_s=args.train_s)
             snapshots, head_state = raw[method].pop("snapshots"), raw[method].pop("head_state")
             results[method] = summarise(raw[method])
             if snapshots:  # the scores of the last round, by the head it was scored with
