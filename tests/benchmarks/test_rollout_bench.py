@@ -17,7 +17,8 @@ def test_bench_rollout_runs_and_compares_the_two_scoring_paths(tmp_path, capsys)
     main(["--model", str(tmp_path / "model"), "--dataset", "builtin:arithmetic", "--levels", "1", "--rounds", "1",
           "--groups", "2", "--num_generations", "4", "--max_completion_length", "8", "--detect_length", "3",
           "--cold_start", "0", "--gpu_memory_utilization", "0.1", "--max_model_len", "128",
-          "--methods", "stock,stock_arrol_events,stock_stream", "--train_s", "0.2", "--output_dir", str(tmp_path / "out")])
+          "--methods", "stock,stock_arrol_events,stock_stream", "--train_s", "0.2", "--calibrate",
+          "--output_dir", str(tmp_path / "out")])
     out = json.load(open(tmp_path / "out" / "bench_rollout.json"))["summary"]
     assert out["stock"]["responses"] == 8 and out["stock"]["pruned"] == out["stock"]["aborted"] == 0
     arrol = out["stock_arrol_events"]
@@ -29,3 +30,8 @@ def test_bench_rollout_runs_and_compares_the_two_scoring_paths(tmp_path, capsys)
     stream = out["stock_stream"]  # one round of a stream: its groups all started, then it closes
     assert stream["rounds"] == 1 and stream["responses"] == 8 and stream["effective_groups"] <= 2
     assert out["stock"]["s_per_round"] >= 0.2  # the trainer's step counts in every method's round
+    # the calibrated engine model predicts each method's round from the same configuration (its error is a figure)
+    saved = json.load(open(tmp_path / "out" / "bench_rollout.json"))
+    assert saved["calibration"]["a_s"] + saved["calibration"]["b_s"] > 0 and len(saved["calibration"]["points"]) >= 3
+    assert all(s["model_s_per_round"] >= 0.2 for s in out.values())
+    assert "| stock_stream |" in (tmp_path / "out" / "bench_rollout.md").read_text().split("Engine model")[1]

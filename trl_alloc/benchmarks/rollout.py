@@ -99,6 +99,7 @@ def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_promp
         snapshots.extend(snaps)
         return pruner.decide_snapshots(snaps, engine.current_round)
 
+    completed, score = _recording(score)
     with EngineMonitor(base_url, window) as monitor:
         for _ in range(rounds):
             if engine.pacer.finished:
@@ -131,7 +132,18 @@ def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_promp
                               "scoring_s": rollouts.scoring_s + rollouts.hook_s, **summary.get("pruning", {})})
     return {"rounds": per_round, "idle": monitor.idle, "occupancy": monitor.occupancy, "head_state": head_state,
             "snapshots": [{"prompt_ids": r.prompt_ids, "token_ids": r.token_ids, "score": r.info["score"]}
-                          for r in snapshots if "score" in r.info]}
+                          for r in snapshots if "score" in r.info], "completed": completed}
+
+
+def _recording(score):
+    """`score`, keeping (prompt id, tokens, success) of every scored rollout (the engine model's calibration)."""
+    completed = []
+
+    def scored(r):
+        value = float(score(r))
+        completed.append((int(r.tag), len(r.token_ids), value))
+        return value
+    return completed, scored
 
 
 def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, train_s):
@@ -144,6 +156,7 @@ def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, tra
     driver = StreamDriver(rollouts, prompt_ids_of, config.max_completion_length, window, timeout=600,
                           max_staleness=config.max_staleness)
     per_round, staleness = [], []
+    completed, score = _recording(score)
     with EngineMonitor(base_url, window) as monitor:
         monitor.active = True
         try:
@@ -175,7 +188,80 @@ def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, tra
             driver.finish()
             rollouts.close()
     return {"rounds": per_round, "idle": monitor.idle, "occupancy": monitor.occupancy, "head_state": None,
-            "snapshots": [], "staleness": {int(k): staleness.count(k) for k in sorted(set(staleness))}}
+            "snapshots": [], "staleness": {int(k): staleness.count(k) for k in sorted(set(staleness))},
+            "completed": completed}
+
+
+def measure_step_time(base_url, prompt_ids, running=(1, 8, 16, 32, 64), tokens=48):
+    """Seconds of one decode step with n rollouts running on the live server: n streamed requests of exactly
+    `tokens` tokens (EOS ignored) at once, wall seconds / tokens (one prefill included); then the least-squares
+    line a + b·n that `rollout.simulated.SimulatedRollouts(step_s=(a, b))` takes."""
+    points = []
+    for n in running:
+        rollouts = VLLMServerRollouts(base_url, temperature=1.0, max_inflight=n, request_timeout=600,
+                                      extra={"min_tokens": tokens, "ignore_eos": True})
+        try:
+            t0, done = time.perf_counter(), 0
+            rollouts.submit(prompt_ids, n=n, max_tokens=tokens, tag=0)
+            while done < n:
+                done += len(rollouts.next_completed(timeout=600))
+            points.append((n, (time.perf_counter() - t0) / tokens))
+        finally:
+            rollouts.close()
+    b, a = np.polyfit([n for n, _ in points], [t for _, t in points], 1)
+    return {"points": points, "a_s": float(a), "b_s": float(b)}
+
+
+def predict_rounds(method, config, result, step, rounds, num_prompts, train_s=0.0, seed=0):
+    """The engine model's s/round for a measured run of `method` (same configuration, window and rounds): rollout
+    lengths drawn from the run's completed rollouts, each prompt's success at its observed rate (the run's mean
+    for prompts it never scored), decode steps of `step` = (a, b) seconds (`measure_step_time`)."""
+    from ..rollout.simulated import SimulatedRollouts
+
+    mode = ROLLOUT_METHODS[method][2]
+    lengths = np.asarray([n for _, n, _ in result["completed"]], float)
+    rate, seen = np.full(num_prompts, np.mean([x for *_, x in result["completed"]])), {}
+    for pid, _, x in result["completed"]:
+        seen.setdefault(pid, []).append(x)
+    for pid, xs in seen.items():
+        rate[pid] = np.mean(xs)
+
+    def outcome(pid, rng):
+        return lengths[rng.integers(lengths.size)], rng.random() < rate[pid]
+
+    plan = {"pacing": config.pacing, "filling": config.filling, "pruning": "none"}
+    engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan)
+    window = config.rollout_max_inflight or config.generation_batch_size
+    sim = SimulatedRollouts(outcome, window, step, seed=seed)
+    success = lambda r: r.info["success"]  # noqa: E731
+    seconds = []
+    if mode == "stream":
+        driver = StreamDriver(sim, lambda pid: [], config.max_completion_length, window,
+                              max_staleness=config.max_staleness)
+        engine.start_round(True, carry=driver.carry)
+        driver.start(engine.current_round)
+    for i in range(rounds):
+        if engine.pacer.finished:
+            break
+        t0 = sim.clock_s
+        if mode == "stream":
+            while (batch := driver.poll()) is not None:
+                driver.observe([{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
+                                 "success": float("nan") if r.finish_reason == "abort" else success(r)} for r in batch])
+            engine.finish_round()
+            if i + 1 < rounds and not engine.pacer.finished:
+                engine.start_round(True, carry=driver.carry)
+                driver.start(engine.current_round)
+            sim.run_for(train_s)
+            driver.push()
+        else:
+            engine.start_round(events=mode == "events")
+            allocator = engine if mode == "events" else BatchedEventRound(engine.current_round)
+            run_round(allocator, sim, lambda pid: [], success, config.max_completion_length, window)
+            engine.finish_round()
+            sim.pause_for(train_s)
+        seconds.append(sim.clock_s - t0)
+    return {"s_per_round": float(np.mean(seconds)) if seconds else float("nan"), "rounds": len(seconds)}
 
 
 def summarise(result):
@@ -191,4 +277,4 @@ def summarise(result):
             "s_per_eff": per(total["s"]), "idle": result["idle"], "occupancy": result["occupancy"]}
 
 
-__all__ = ["ROLLOUT_METHODS", "EngineMonitor", "run_rounds", "summarise"]
+__all__ = ["ROLLOUT_METHODS", "EngineMonitor", "run_rounds", "summarise", "measure_step_time", "predict_rounds"]

@@ -40,7 +40,7 @@ import time
 
 from ..allocation.engine import json_default
 from ..benchmarks.measure import parse_choices
-from ..benchmarks.rollout import ROLLOUT_METHODS, run_rounds, summarise
+from ..benchmarks.rollout import ROLLOUT_METHODS, measure_step_time, predict_rounds, run_rounds, summarise
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -64,6 +64,9 @@ def parse_args(argv=None):
     p.add_argument("--gpu_memory_utilization", type=float, default=0.3)
     p.add_argument("--max_model_len", type=int, default=1024)
     p.add_argument("--train_s", type=float, default=0.0, help="the trainer's step after each round (s)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="fit the server's decode-step time to the running rollouts, then print the engine model's "
+                   "predicted s/round next to each method's measured one")
     p.add_argument("--max_staleness", type=int, default=2, help="stream methods: rollout_mode='stream''s bound")
     p.add_argument("--output_dir", default="bench_rollout")
     args = p.parse_args(argv)
@@ -152,13 +155,25 @@ def main(argv=None):
                            max_model_len=args.max_model_len, env={"HF_HUB_OFFLINE": "1"}))
     results, raw = {}, {}
     t_all = time.perf_counter()
+    fit = None
     with server as s, tempfile.TemporaryDirectory() as tmp:
+        if args.calibrate:
+            window = args.max_inflight or args.groups * args.num_generations
+            fit = measure_step_time(s.url, prompt_ids_of(0), running=sorted({1, 8, 16, 32, window}))
+            print(f"[bench_rollout] decode step: {fit['a_s'] * 1e3:.1f} ms + {fit['b_s'] * 1e3:.2f} ms × running "
+                  f"(points: {[(n, round(t * 1e3, 1)) for n, t in fit['points']]} ms)", flush=True)
         for method in args.methods:
             t0 = time.perf_counter()
             raw[method] = run_rounds(method, method_config(method, args, tmp), s.url, prompt_ids_of, score,
                                      args.rounds, len(ds), hidden_size=hidden_size, train_s=args.train_s)
             snapshots, head_state = raw[method].pop("snapshots"), raw[method].pop("head_state")
             results[method] = summarise(raw[method])
+            if fit is not None:
+                pred = predict_rounds(method, method_config(method, args, tmp), raw[method], (fit["a_s"], fit["b_s"]),
+                                      args.rounds, len(ds), train_s=args.train_s, seed=args.seed)
+                measured = results[method]["s_per_round"]
+                results[method]["model_s_per_round"] = pred["s_per_round"]
+                results[method]["model_error"] = pred["s_per_round"] / measured - 1.0
             if snapshots:  # the scores of the last round, by the head it was scored with
                 results[method]["scoring"] = compare_scoring(model_dir, snapshots, raw[method]["rounds"][-1],
                                                              head_state, tok.pad_token_id or 0)
@@ -167,6 +182,14 @@ def main(argv=None):
             with open(os.path.join(args.output_dir, "bench_rollout.json"), "w") as f:
                 json.dump({"args": vars(args), "summary": results, "raw": raw}, f, indent=1, default=json_default)
     md = table(results)
+    if fit is not None:
+        md += (f"\nEngine model, calibrated: decode step {fit['a_s'] * 1e3:.1f} ms + {fit['b_s'] * 1e3:.2f} ms × running"
+               "\n\n| method | measured s/round | model s/round | error |\n|---|---|---|---|\n" +
+               "".join(f"| {m} | {r['s_per_round']:.1f} | {r['model_s_per_round']:.1f} | {r['model_error']:+.0%} |\n"
+                       for m, r in results.items()))
+        with open(os.path.join(args.output_dir, "bench_rollout.json"), "w") as f:
+            json.dump({"args": vars(args), "summary": results, "raw": raw, "calibration": fit}, f, indent=1,
+                      default=json_default)
     with open(os.path.join(args.output_dir, "bench_rollout.md"), "w") as f:
         f.write(md)
     print(md)

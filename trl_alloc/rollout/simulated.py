@@ -2,9 +2,10 @@
 `scripts/plan.py` and the tests use to compare synchronous and event-driven rounds at any scale.
 
 At most `max_num_seqs` rollouts decode at once (the rest wait, first in first out); every running rollout
-gains one token per engine step; a step lasts `step_s` seconds whatever the batch (decoding is memory-bound),
-prefill is not modelled. `outcome(tag, rng) -> (length, success)` draws a rollout's response length (cut at
-its `max_tokens`) and its success, reported in `Rollout.info["success"]`. `busy` counts sequence-steps, so
+gains one token per engine step; a step lasts `step_s` seconds whatever the batch (a GPU: decoding is
+memory-bound), or `a + b · running` for `step_s=(a, b)` (a CPU: compute-bound, fitted on the live server by
+`scripts/bench_rollout.py --calibrate`); prefill is not modelled. `outcome(tag, rng) -> (length, success)` draws a rollout's response length (cut at
+its `max_tokens`) and its success, reported in `Rollout.info["success"]`. `busy_s` counts slot-seconds used, so
 `idle_fraction` is the share of the engine's slots left empty while the clock ran. `submit(detect_at=L)`:
 a rollout longer than L is also delivered as a snapshot (finish reason "detect") when it reaches L tokens,
 as `rollout.events.VLLMServerRollouts` does; aborting it frees its slot at once.
@@ -32,24 +33,29 @@ from .streaming import StreamDriver, run_round
 
 class SimulatedRollouts:
     def __init__(self, outcome, max_num_seqs=256, step_s=1.0, seed=0):
-        self.outcome, self.slots, self.step_s = outcome, int(max_num_seqs), float(step_s)
+        self.outcome, self.slots = outcome, int(max_num_seqs)
+        self.step_a, self.step_b = (float(step_s), 0.0) if isinstance(step_s, (int, float)) else map(float, step_s)
         self.rng = np.random.default_rng(seed)
         self._ids = itertools.count()
         self.waiting = collections.deque()
         self.running = {}  # rid -> (rollout, step it started)
         self._ends = []    # heap of (step, 0 = detection point | 1 = end, rid) of running rollouts
         self._ended = []   # ended while the trainer trained (`run_for`), not yet handed back
-        self.steps = self.busy = 0
-        self.paused_s = 0.0
+        self.steps = 0
+        self.decode_s = self.paused_s = self.busy_s = 0.0  # busy_s: slot-seconds in which a rollout decoded
 
     @property
     def clock_s(self):
-        return self.steps * self.step_s + self.paused_s
+        return self.decode_s + self.paused_s
 
     @property
     def idle_fraction(self):
         """The share of the engine's slot-seconds in which no rollout decoded (paused time included)."""
-        return 1.0 - self.busy * self.step_s / max(self.clock_s * self.slots, 1e-12)
+        return 1.0 - self.busy_s / max(self.clock_s * self.slots, 1e-12)
+
+    def step_time(self):
+        """Seconds of one decode step with the rollouts running now."""
+        return self.step_a + self.step_b * len(self.running)
 
     @property
     def in_flight(self):
@@ -88,24 +94,32 @@ class SimulatedRollouts:
 
     def run_for(self, seconds):
         """Decode for `seconds` (the trainer trains meanwhile); what ends is handed back by `next_completed`."""
-        target = self.steps + int(round(float(seconds) / self.step_s))
+        target = self.decode_s + float(seconds)
         while (out := self._step(target)) is not None:
             self._ended.extend(out)
-        self.busy += (target - self.steps) * len(self.running)
-        self.steps = target
+        st = self.step_time()
+        n = int((target - self.decode_s) // st) if self.running else 0  # whole steps before the target
+        self.steps += n
+        self.busy_s += n * st * len(self.running)
+        self.decode_s = target
 
     def pause_for(self, seconds):
         """Hold the engine for `seconds`: nothing decodes, running rollouts keep their place."""
         self.paused_s += float(seconds)
 
-    def _step(self, limit):
-        """Advance to the next step at which something ends (not past `limit`); its rollouts, or None."""
+    def _step(self, limit_s):
+        """Advance to the next step at which something ends (not past `limit_s` seconds of decoding); its
+        rollouts, or None."""
         while self._ends and self._ends[0][2] not in self.running:  # (aborted)
             heapq.heappop(self._ends)
-        if not self._ends or (limit is not None and self._ends[0][0] > limit):
+        if not self._ends:
             return None
         end = self._ends[0][0]
-        self.busy += (end - self.steps) * len(self.running)
+        need = (end - self.steps) * self.step_time()  # the running set is the same until then
+        if limit_s is not None and self.decode_s + need > limit_s + 1e-9:
+            return None
+        self.busy_s += need * len(self.running)
+        self.decode_s += need
         self.steps = end
         out = []
         while self._ends and self._ends[0][0] == end:
@@ -174,6 +188,7 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
     total["staleness"] = collections.Counter()
     pruning = None if prune_keep is None else RandomPruning(keep_ratio=prune_keep, cold_start_rounds=0, seed=args.seed)
     rates = [pool.success_rate()]
+    step = (args.step_ms / 1e3, getattr(args, "step_ms_per_seq", 0.0) / 1e3)
 
     def outcome(pid, rng):
         return rng.lognormal(np.log(args.length_median), args.length_sigma), rng.random() < rates[0][pid]
@@ -205,7 +220,7 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
     detect = {"detect_at": pruning and args.detect_length, "on_detect": pruning and on_detect}
     i = 0
     if mode == "stream":
-        engine = SimulatedRollouts(outcome, args.engine_seqs, args.step_ms / 1e3, seed=args.seed)
+        engine = SimulatedRollouts(outcome, args.engine_seqs, step, seed=args.seed)
         driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=args.window or None,
                               max_staleness=getattr(args, "max_staleness", 1), **detect)
         rnd = open_round(carry={})
@@ -227,13 +242,13 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
             if pacer.finished or i >= rounds:
                 break
         driver.finish()
-        total.update(engine_s=engine.clock_s, busy_s=engine.busy * engine.step_s, slot_s=engine.clock_s * engine.slots,
+        total.update(engine_s=engine.clock_s, busy_s=engine.busy_s, slot_s=engine.clock_s * engine.slots,
                      responses=driver.spent, tokens=driver.tokens, aborted=driver.aborted, carried=driver.carried_total,
                      stale_aborted=driver.stale_aborted, pruned=len(driver.pruned))
     else:
         while i < rounds and not pacer.finished:
             rnd = open_round()
-            engine = SimulatedRollouts(outcome, args.engine_seqs, args.step_ms / 1e3, seed=[args.seed, i])
+            engine = SimulatedRollouts(outcome, args.engine_seqs, step, seed=[args.seed, i])
             driver = run_round(rnd, engine, lambda pid: [], lambda r: r.info["success"], args.max_tokens,
                                max_inflight=args.window or None, **detect)
             kept = {int(p) for p in rnd.groups}
@@ -243,7 +258,7 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
             engine.pause_for(train_s + sync_s)  # the engine waits for the trainer and the push
             for key, value in (("engine_s", engine.clock_s), ("train_s", train_s), ("responses", driver.spent),
                                ("tokens", driver.tokens), ("aborted", driver.aborted), ("pruned", len(driver.pruned)),
-                               ("busy_s", engine.busy * engine.step_s), ("slot_s", engine.clock_s * engine.slots)):
+                               ("busy_s", engine.busy_s), ("slot_s", engine.clock_s * engine.slots)):
                 total[key] += value
             i += 1
     total["rounds"] = i
