@@ -194,10 +194,10 @@ def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, tra
 
 def measure_step_time(base_url, prompt_ids, running=(1, 8, 16, 32, 64), tokens=48):
     """Seconds of one decode step with n rollouts running on the live server: n streamed requests of exactly
-    `tokens` tokens (EOS ignored) at once, wall seconds / tokens (one prefill included); then the least-squares
-    line a + b·n that `rollout.simulated.SimulatedRollouts(step_s=(a, b))` takes."""
+    `tokens` tokens (EOS ignored) at once, wall seconds / tokens (one prefill included), after one warm-up
+    request; then the least-squares line a + b·n that `rollout.simulated.SimulatedRollouts(step_s=(a, b))` takes."""
     points = []
-    for n in running:
+    for i, n in enumerate((1, *running)):  # the first run warms the server up (its first requests are slower)
         rollouts = VLLMServerRollouts(base_url, temperature=1.0, max_inflight=n, request_timeout=600,
                                       extra={"min_tokens": tokens, "ignore_eos": True})
         try:
@@ -205,7 +205,8 @@ def measure_step_time(base_url, prompt_ids, running=(1, 8, 16, 32, 64), tokens=4
             rollouts.submit(prompt_ids, n=n, max_tokens=tokens, tag=0)
             while done < n:
                 done += len(rollouts.next_completed(timeout=600))
-            points.append((n, (time.perf_counter() - t0) / tokens))
+            if i:
+                points.append((n, (time.perf_counter() - t0) / tokens))
         finally:
             rollouts.close()
     b, a = np.polyfit([n for n, _ in points], [t for _, t in points], 1)

@@ -77,7 +77,8 @@ def engine_table(args):
         rows[name] = simulate_engine(method, mode, argparse.Namespace(**{**vars(args), "max_staleness": s or 1}),
                                      args.engine_rounds, keep)
     gpus = args.gpus_per_engine + args.train_gpus
-    print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step, lengths median "
+    print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step (+ {args.step_ms_per_seq:g} ms per "
+          f"running sequence), lengths median "
           f"{args.length_median:g} (σ {args.length_sigma:g}) cut at {args.max_tokens}, window {args.window}, "
           f"first {args.engine_rounds} rounds; training {args.train_ms_per_token:g} ms per trained token on each of "
           f"{args.train_gpus} GPUs, weight push {args.sync_s:g} s; GPU-s = wall × {gpus} GPUs; pruning: random at "
@@ -121,7 +122,11 @@ def main(argv=None):
     parser.add_argument("--detect_length", type=int, default=512, help="the detection point (tokens)")
     parser.add_argument("--engine_rounds", type=int, default=30)
     parser.add_argument("--engine_seqs", type=int, default=256, help="sequences decoded at once (max_num_seqs)")
-    parser.add_argument("--step_ms", type=float, default=25.0, help="one decode step of the engine")
+    parser.add_argument("--step_ms", type=float, default=25.0,
+                        help="one decode step of the engine (default: Llama-3.1-8B on one H100 with vLLM 0.6, 256 "
+                        "sequences: median TPOT 25.6 ms, docs/benchmarks.md)")
+    parser.add_argument("--step_ms_per_seq", type=float, default=0.0,
+                        help="added per running sequence (a CPU: `scripts/bench_rollout.py --calibrate` fits both)")
     parser.add_argument("--length_median", type=float, default=700.0)
     parser.add_argument("--length_sigma", type=float, default=0.6)
     parser.add_argument("--max_tokens", type=int, default=2048)
