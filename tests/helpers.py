@@ -1,6 +1,7 @@
 """Builders the tests share: one tiny character-level Qwen2 policy (`char_qwen2`), the trainer tests'
 setup on it, and the repository root. Imported as `helpers` (tests/conftest.py puts tests/ on sys.path)."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -113,3 +114,23 @@ def build_served_model(out_dir):
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return model
+
+
+@contextlib.contextmanager
+def served_sums(tmp_path):
+    """A vLLM CPU server of `build_served_model` (worker extension, dev routes) and its trainer's parts: yields
+    (server, model folder, tokenizer, the "a+b=" prompt pool, the first-digit reward)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from trl_alloc.serving import start_server
+
+    model_dir = str(tmp_path / "tiny")
+    build_served_model(model_dir)
+    with start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}) as server:
+        rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
+
+        def first_digit_reward(completions, answer, **kwargs):
+            return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
+
+        yield server, model_dir, AutoTokenizer.from_pretrained(model_dir), Dataset.from_list(rows), first_digit_reward

@@ -54,7 +54,8 @@ def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.
         assert budget0 - pacer.remaining_responses == driver.spent
         assert driver.spent == driver.ended_count + len(driver.live)
         # carried: still running, or ended after the close (replayed into the next round)
-        assert sum(st["live"] for st in driver.carry.values()) == driver.carried == len(driver.live) + len(driver.replay)
+        carried = sum(st["live"] for st in driver.carry.values())
+        assert carried == driver.carried == len(driver.live) + len(driver.replay)
         log.append({"round": t, "groups": list(rnd.groups), "trained": driver.trained, "stats": rnd.stats(),
                     "s": s, "f": f})
         for row in driver.trained:

@@ -92,23 +92,13 @@ def test_events_mode_is_checked(tmp_path):
 def test_events_through_the_vllm_server(tmp_path):
     """vLLM server mode: one streamed request per rollout, weights pushed before each round, sampling
     log-probs kept for the importance-sampling correction, aborted rollouts never reach the loss."""
-    from datasets import Dataset
-    from helpers import build_served_model, make_args
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from helpers import make_args, served_sums
+    from transformers import AutoModelForCausalLM
 
-    from trl_alloc.serving import start_server
     from trl_alloc.trainer import AllocGRPOTrainer
     from trl_alloc.trainer.trl_compat import patch_trl_vllm_client
 
-    model_dir = str(tmp_path / "tiny")
-    build_served_model(model_dir)
-    with start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}) as server:
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
-
-        def first_digit_reward(completions, answer, **kwargs):
-            return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
-
+    with served_sums(tmp_path) as (server, model_dir, tok, dataset, first_digit_reward):
         def run(name, budget, **kw):
             args = make_args(str(tmp_path / name), num_rounds=3, rollout_budget=budget, max_completion_length=8,
                              rollout_mode="events", rollout_max_inflight=8, use_vllm=True, vllm_mode="server",
@@ -116,7 +106,7 @@ def test_events_through_the_vllm_server(tmp_path):
             with patch_trl_vllm_client(request_timeout=300):
                 trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
                                            reward_funcs=first_digit_reward, args=args,
-                                           train_dataset=Dataset.from_list(rows), processing_class=tok)
+                                           train_dataset=dataset, processing_class=tok)
             seen, inner = [], trainer._build_loss_batches
 
             def spy(rows_, groups):

@@ -113,23 +113,13 @@ def test_stream_through_the_vllm_server(tmp_path):
     """vLLM server mode: rollouts keep running while the trainer trains, each weight push pauses the server with
     /pause?mode=keep (in-flight rollouts go on, on the new weights), stale tokens are trained with TRL's
     importance-sampling correction from vLLM's sampling log-probs, and no trained token is too old."""
-    from datasets import Dataset
-    from helpers import build_served_model, make_args
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from helpers import make_args, served_sums
+    from transformers import AutoModelForCausalLM
 
-    from trl_alloc.serving import start_server
     from trl_alloc.trainer import AllocGRPOTrainer
     from trl_alloc.trainer.trl_compat import patch_trl_vllm_client
 
-    model_dir = str(tmp_path / "tiny")
-    build_served_model(model_dir)
-    with start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}) as server:
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
-
-        def first_digit_reward(completions, answer, **kwargs):
-            return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
-
+    with served_sums(tmp_path) as (server, model_dir, tok, dataset, first_digit_reward):
         budget = 48  # full groups (stock GRPO as a stream): every committed group trains, whatever the rewards
         args = make_args(str(tmp_path / "out"), pacing="uniform", filling="full", num_rounds=6, rollout_budget=budget,
                          max_completion_length=24, rollout_mode="stream", rollout_max_inflight=8, max_staleness=2,
@@ -138,7 +128,7 @@ def test_stream_through_the_vllm_server(tmp_path):
         with patch_trl_vllm_client(request_timeout=300):
             trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
                                        reward_funcs=first_digit_reward, args=args,
-                                       train_dataset=Dataset.from_list(rows), processing_class=tok)
+                                       train_dataset=dataset, processing_class=tok)
         batches, inner = [], trainer._collate
 
         def spy(rows_, *a, **kw):

@@ -18,14 +18,14 @@ exactly once. An aborted rollout is a spent response without reward (`aborted`),
 - `baselines.DynamicSamplingEventRound`: DAPO's dynamic sampling: whole groups, each judged as its k-th rollout ends.
 - `BatchedEventRound`: any batched `Round` as events (each of its requests is one submission).
 
-Carry-over (`rollout_mode="stream"`, APRIL-style; a round started with `carry=...`, `{}` for the first): the
-round closes as soon as it has its groups or has started its whole budget and observed a rollout (so it never
-waits on its slowest rollouts), and its open groups are not aborted. `hand_over(expire)` gives them, with their rollouts still in
-flight and what they observed so far, to the next round (`start_event_round(..., carry=...)`), which resumes
-them first and excludes them from its fresh stream; so a group may straddle a round boundary. Accounting
-stays exact across rounds: a rollout is spent by the round that started it (`outcomes` reports what each
-prompt *started* this round, in-flight ones included, so the pacer reserves them), and observed by the round
-in which it ends (`prepaid`: the rollouts a round adopted, paid for by an earlier one).
+Carry-over (`rollout_mode="stream"`, APRIL-style; a round started with `carry=...`, `{}` for the first): the round
+closes as soon as it has its groups or has started its whole budget and observed a rollout (so it never waits on
+its slowest rollouts), and its open groups are not aborted. `hand_over(expire)` gives them, with their rollouts
+still in flight and what they observed so far, to the next round (`start_event_round(..., carry=...)`), which
+resumes them first and excludes them from its fresh stream; so a group may straddle a round boundary. Accounting
+stays exact across rounds: a rollout is spent by the round that started it (`outcomes` reports what each prompt
+*started* this round, in-flight ones included, so the pacer reserves them), and observed by the round in which it
+ends (`prepaid`: the rollouts a round adopted, paid for by an earlier one).
 """
 
 from collections import Counter
@@ -251,7 +251,8 @@ class BatchedEventRound:
 
     def observe_rollouts(self, rows):
         for r in rows:
-            self.observe_rollout(r["pid"], r["success"], pruned=r.get("pruned", False), aborted=r.get("aborted", False))
+            self.observe_rollout(r["pid"], r["success"], pruned=r.get("pruned", False),
+                                 aborted=r.get("aborted", False))
         return sorted(self.cancelled)
 
     def outcomes(self, num_prompts):

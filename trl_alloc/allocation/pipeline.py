@@ -11,13 +11,14 @@ import numpy as np
 def round_arguments(pacer, units, filling, group_size, target_groups=None, oversample=6, history_decay=None,
                     carry=None):
     """Keyword arguments of `filler.start_round` for the pacer's proposal `units`. With `carry` (stream mode: the
-    open groups of the last round, see `event_rounds`), also `start_event_round`'s: the round's budget grows by
-    what those groups may still start (`need`), within what the pacer has left, so a carried group can finish."""
+    open groups of the last round, see `event_rounds`), also `start_event_round`'s: the round's budget is at least
+    what those groups may still start (`need`), within what the pacer has left, so a carried group can finish even
+    in a round the pacer gives nothing (their rest is started first, so it comes out of the proposal's spend)."""
     stream = np.asarray(pacer.ranked_prompts, np.int64)
     spend = int(units.sum()) * pacer.unit_size
     if carry is not None:
         need = sum(int(state.get("need", 0)) for state in carry.values())
-        spend = min(spend + need, int(pacer.remaining_responses))
+        spend = min(max(spend, need), int(pacer.remaining_responses))
     admitted = int((units > 0).sum())
     extra = {} if carry is None else {"carry": carry}
     if filling == "full":

@@ -178,7 +178,8 @@ def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, tra
                 driver.push()
                 per_round.append({"s": time.perf_counter() - t0, "responses": stats["responses"],
                                   "tokens": driver.tokens - tokens0, "aborted": driver.aborted - aborted0,
-                                  "pruned": 0, "effective_groups": stats["effective_groups"], "groups": stats["groups"],
+                                  "pruned": 0, "effective_groups": stats["effective_groups"],
+                                  "groups": stats["groups"],
                                   "submissions": stats["generation_calls"], "carried": driver.carried,
                                   "stale_aborted": stats["expired"], "started": driver.spent - spent0})
                 if engine.pacer.finished:
@@ -248,7 +249,8 @@ def predict_rounds(method, config, result, step, rounds, num_prompts, train_s=0.
         if mode == "stream":
             while (batch := driver.poll()) is not None:
                 driver.observe([{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
-                                 "success": float("nan") if r.finish_reason == "abort" else success(r)} for r in batch])
+                                 "success": float("nan") if r.finish_reason == "abort" else success(r)}
+                                for r in batch])
             engine.finish_round()
             if i + 1 < rounds and not engine.pacer.finished:
                 engine.start_round(True, carry=driver.carry)

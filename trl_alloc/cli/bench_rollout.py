@@ -20,12 +20,13 @@ Methods, at equal settings (B target groups of k, the same prompts, max tokens a
   cero_sara_arrol_mixed_events  the same with `prune_undecided=False`: only rollouts of prompts already
                     known to be mixed are pruned (SARA's probes never are)
 
-The policy is fixed; `--train_s` stands in for the trainer's step after each round (synchronous and event
-rounds wait for it, a stream generates through it). Per method: s/round (the step included), responses / tokens / seconds per effective group (mixed group), aborted and pruned
-rollouts, and the engine's idle share (no request running) and occupancy (mean running / window) from the
-server's `/metrics`. With ARROL, the two scoring paths are compared on the last round's snapshots: seconds
-per scored rollout in the engine (collecting the worker's scores) vs the trainer-side forward of prompt +
-partial (`last_hidden_states`, as the transformers path does), and the largest score difference.
+The policy is fixed; `--train_s` stands in for the trainer's step after each round (synchronous and event rounds
+wait for it, a stream generates through it). Per method: s/round (the step included), responses / tokens / seconds
+per effective group (mixed group), aborted and pruned rollouts, and the engine's idle share (no request running)
+and occupancy (mean running / window) from the server's `/metrics`. With ARROL, the two scoring paths are compared
+on the last round's snapshots: seconds per scored rollout in the engine (collecting the worker's scores) vs the
+trainer-side forward of prompt + partial (`last_hidden_states`, as the transformers path does), and the largest
+score difference.
 
     python scripts/bench_rollout.py                       # SmolLM2-135M-Instruct on builtin:arithmetic-chat
     python scripts/bench_rollout.py --rounds 2 --methods stock,sara_sync,sara_events
@@ -183,7 +184,8 @@ def main(argv=None):
                 json.dump({"args": vars(args), "summary": results, "raw": raw}, f, indent=1, default=json_default)
     md = table(results)
     if fit is not None:
-        md += (f"\nEngine model, calibrated: decode step {fit['a_s'] * 1e3:.1f} ms + {fit['b_s'] * 1e3:.2f} ms × running"
+        md += (f"\nEngine model, calibrated: decode step {fit['a_s'] * 1e3:.1f} ms + {fit['b_s'] * 1e3:.2f} ms "
+               "× running"
                "\n\n| method | measured s/round | model s/round | error |\n|---|---|---|---|\n" +
                "".join(f"| {m} | {r['s_per_round']:.1f} | {r['model_s_per_round']:.1f} | {r['model_error']:+.0%} |\n"
                        for m, r in results.items()))

@@ -1,14 +1,14 @@
 """A model of a continuous-batching inference engine on a virtual clock, as a `rollout.events` backend: what
 `scripts/plan.py` and the tests use to compare synchronous and event-driven rounds at any scale.
 
-At most `max_num_seqs` rollouts decode at once (the rest wait, first in first out); every running rollout
-gains one token per engine step; a step lasts `step_s` seconds whatever the batch (a GPU: decoding is
-memory-bound), or `a + b · running` for `step_s=(a, b)` (a CPU: compute-bound, fitted on the live server by
-`scripts/bench_rollout.py --calibrate`); prefill is not modelled. `outcome(tag, rng) -> (length, success)` draws a rollout's response length (cut at
-its `max_tokens`) and its success, reported in `Rollout.info["success"]`. `busy_s` counts slot-seconds used, so
-`idle_fraction` is the share of the engine's slots left empty while the clock ran. `submit(detect_at=L)`:
-a rollout longer than L is also delivered as a snapshot (finish reason "detect") when it reaches L tokens,
-as `rollout.events.VLLMServerRollouts` does; aborting it frees its slot at once.
+At most `max_num_seqs` rollouts decode at once (the rest wait, first in first out); every running rollout gains one
+token per engine step; a step lasts `step_s` seconds whatever the batch (a GPU: decoding is memory-bound), or `a +
+b · running` for `step_s=(a, b)` (a CPU: compute-bound, fitted on the live server by `scripts/bench_rollout.py
+--calibrate`); prefill is not modelled. `outcome(tag, rng) -> (length, success)` draws a rollout's response length
+(cut at its `max_tokens`) and its success, reported in `Rollout.info["success"]`. `busy_s` counts slot-seconds
+used, so `idle_fraction` is the share of the engine's slots left empty while the clock ran. `submit(detect_at=L)`:
+a rollout longer than L is also delivered as a snapshot (finish reason "detect") when it reaches L tokens, as
+`rollout.events.VLLMServerRollouts` does; aborting it frees its slot at once.
 
 The trainer's side of a round: `run_for(s)` lets the engine decode for s seconds while the trainer trains
 (overlap: what it finishes is buffered for `next_completed`); `pause_for(s)` holds it idle, its running
@@ -243,7 +243,8 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
                 break
         driver.finish()
         total.update(engine_s=engine.clock_s, busy_s=engine.busy_s, slot_s=engine.clock_s * engine.slots,
-                     responses=driver.spent, tokens=driver.tokens, aborted=driver.aborted, carried=driver.carried_total,
+                     responses=driver.spent, tokens=driver.tokens, aborted=driver.aborted,
+                     carried=driver.carried_total,
                      stale_aborted=driver.stale_aborted, pruned=len(driver.pruned))
     else:
         while i < rounds and not pacer.finished:

@@ -196,5 +196,6 @@ class StreamRoundMixin:
             return None
         d = self._stream
         return {"in_flight": len(d.live) + len(d.replay), "open_groups": len(d.carry),
-                "held_rows": sum(len(r) for r in d.held.values()), "fate": "spent (counted in the budget) and not trained if the run resumes from this checkpoint: "
+                "held_rows": sum(len(r) for r in d.held.values()),
+                "fate": "spent (counted in the budget) and not trained if the run resumes from this checkpoint: "
                 "rollouts in flight and open groups are not saved"}
