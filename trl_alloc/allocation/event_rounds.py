@@ -51,6 +51,7 @@ class EventRound(Round):
         self.after_close = []  # rows that ended after the close, not observed (the driver hands them on)
         self.expired = []  # open groups dropped at the close (too stale to carry)
         self.observed = 0  # rollouts observed by this round (a stream round closes after its first, at the earliest)
+        self.final = False  # the stream's last round: it waits for its groups (nothing after it to carry them)
         self._closed = False
 
     def _adopt_carry(self, carry):
@@ -117,7 +118,7 @@ class EventRound(Round):
             self.generation_calls += 1
         elif not self.in_flight:
             self._close()  # nothing running and nothing left to start
-        if self.carries and self._exhausted() and self.observed:
+        if self.carries and not self.final and self._exhausted() and self.observed:
             self._close()  # stream mode: its budget is all started; what runs goes on into the next round
         return out
 

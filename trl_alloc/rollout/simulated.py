@@ -197,10 +197,15 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
         cut = pruning.prune([s.info["cohort"] for s in snaps])
         return [s.rid for s, c in zip(snaps, cut) if c and not s.info["ended"]]
 
-    def open_round(carry=None):
+    def open_round(carry=None, final=False):
         kw = round_arguments(pacer, pacer.propose(), filling, args.units_per_group * args.unit_size,
                              history_decay=args.history_decay, carry=carry)
-        return BatchedEventRound(filler.start_round(**kw)) if mode == "sync" else filler.start_event_round(**kw)
+        if mode == "sync":
+            return BatchedEventRound(filler.start_round(**kw))
+        rnd = filler.start_event_round(**kw)
+        if carry is not None:  # the stream's last round waits for its groups (nothing after it to carry them)
+            rnd.final = final or kw["budget"] >= pacer.remaining_responses
+        return rnd
 
     def close_round(rnd, trained):
         pacer.update(*rnd.outcomes(pacer.num_prompts), **({"prepaid": rnd.prepaid_counts(pacer.num_prompts)}
@@ -223,7 +228,7 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
         engine = SimulatedRollouts(outcome, args.engine_seqs, step, seed=args.seed)
         driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=args.window or None,
                               max_staleness=getattr(args, "max_staleness", 1), **detect)
-        rnd = open_round(carry={})
+        rnd = open_round(carry={}, final=rounds == 1)
         driver.start(rnd)
         while i < rounds:
             while (batch := driver.poll()) is not None:
@@ -232,7 +237,7 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
             train_s = close_round(rnd, trained)
             i += 1
             if i < rounds and not pacer.finished:  # the next round starts generating before this one trains
-                rnd = open_round(carry=driver.carry)
+                rnd = open_round(carry=driver.carry, final=i + 1 == rounds)
                 driver.start(rnd)
             if trained:  # an empty round advances the scheduler without a policy update
                 engine.run_for(train_s)

@@ -144,8 +144,12 @@ class StreamRoundMixin:
         self._stream_step = self.state.global_step
         self._allocator(lambda: self._stream.push())
 
+    def _stream_rounds_left(self):
+        return min(self.num_rounds, self.args.max_steps // self.steps_per_round) - self.engine.counters["rounds"]
+
     def _open_stream_round(self):
-        self._stream_admitted = self._allocator(lambda: self.engine.start_round(True, self._stream.carry))
+        final = self._stream_rounds_left() <= 1  # the last round waits for its groups: nothing after it to carry them
+        self._stream_admitted = self._allocator(lambda: self.engine.start_round(True, self._stream.carry, final))
         self._allocator(lambda: self._stream.start(self.engine.current_round))
         self._stream_open = True
 
@@ -178,7 +182,7 @@ class StreamRoundMixin:
         """The close's state for checkpoints, then the next round opens at once (its rollouts run while this one
         trains), or the stream ends with the budget."""
         self._stream_state = self.engine.snapshot() if self.accelerator.is_main_process else None
-        if not summary["finished"]:
+        if not summary["finished"] and self._stream_rounds_left() > 0:
             self._open_stream_round()
         else:
             self._end_stream()
