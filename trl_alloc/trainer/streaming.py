@@ -50,6 +50,11 @@ class EventRoundMixin:
         if args.rollout_mode == "stream" and args.pruning != "none":
             raise ValueError(f"rollout_mode='stream' does not prune yet (pruning={args.pruning!r}); use "
                              "rollout_mode='events' for pruning inside the stream, or pruning='none'.")
+        if args.rollout_mode == "stream" and not self.use_vllm and self.accelerator.is_main_process:
+            print("[trl-alloc] rollout_mode='stream' without a vLLM server: generation cannot overlap training, and "
+                  "rows carried across a round get no importance-sampling correction (no sampling log-probs); "
+                  "measured on the demo it learned less (docs/benchmarks.md). Use it with --use_vllm --vllm_mode "
+                  "server, or rollout_mode='deterministic'.")
         if args.rollout_mode == "stream" and args.steps_per_round > 1:
             raise ValueError("rollout_mode='stream' trains each round in one optimizer step (steps_per_round=1): "
                              "the next round's rollouts are already running on its weights.")
