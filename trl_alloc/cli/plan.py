@@ -77,7 +77,8 @@ def engine_table(args):
         rows[name] = simulate_engine(method, mode, argparse.Namespace(**{**vars(args), "max_staleness": s or 1}),
                                      args.engine_rounds, keep)
     gpus = args.gpus_per_engine + args.train_gpus
-    print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step (+ {args.step_ms_per_seq:g} ms per "
+    print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step (+ "
+          f"{getattr(args, 'step_ms_per_seq', 0.0):g} ms per "
           f"running sequence), lengths median "
           f"{args.length_median:g} (σ {args.length_sigma:g}) cut at {args.max_tokens}, window {args.window}, "
           f"first {args.engine_rounds} rounds; training {args.train_ms_per_token:g} ms per trained token on each of "

@@ -191,6 +191,7 @@ class StreamDriver(RoundDriver):
         self.carry, self.held, self.trained = {}, {}, []  # handed-over groups; pid -> rows held; the last round's
         self.stale_aborted = self.carried = self.carried_total = self.ended_count = 0
         self.replay, self._closed = [], True  # rows that ended after a close, for the next round
+        self._orphans = {}  # rid -> the closed round that dropped it, for rollouts still to come back
 
     def _submitted(self, pid, rids):
         self.group_version.setdefault(pid, self.version)
@@ -213,12 +214,36 @@ class StreamDriver(RoundDriver):
     def poll(self):
         if self._closed:
             return None
-        if not self._done():
+        while not self._done():
             batch = super().poll()
-            if batch is not None:
+            if batch is None:
+                break
+            batch = self._drop_orphans(batch)
+            if batch:
+                self._batch = batch
                 return batch
         self._close_round()
         return None
+
+    def _drop_orphans(self, batch):
+        """Rollouts a closed round dropped that ended before its abort reached them (the engine hands them back
+        later): observed there as aborted, never shown to the caller."""
+        keep = []
+        for r in batch:
+            old = self._orphans.pop(r.rid, None)
+            if old is None:
+                keep.append(r)
+                continue
+            self._discard(old, r)
+        return keep
+
+    def _discard(self, rnd, r):
+        pruned = r.rid in self.pruned
+        rnd.observe_rollout(r.tag, math.nan, pruned=pruned, aborted=not pruned)
+        self.events.append(("prune" if pruned else "abort", r.tag, r.rid))
+        self.tokens += len(r.token_ids)
+        self.aborted += int(not pruned)
+        self.ended_count += 1
 
     def observe(self, rows):
         self._book(rows)
@@ -251,13 +276,12 @@ class StreamDriver(RoundDriver):
         doomed = [rid for rid, pid in self.live.items() if pid not in carried]
         for r in (self.rollouts.abort(doomed) if doomed else []) + held_back:
             self.live.pop(r.rid, None)
-            pruned = r.rid in self.pruned
-            rnd.observe_rollout(r.tag, math.nan, pruned=pruned, aborted=not pruned)
-            self.events.append(("prune" if pruned else "abort", r.tag, r.rid))
-            self.tokens += len(r.token_ids)
-            self.aborted += int(not pruned)
+            self._discard(rnd, r)
             self.stale_aborted += int(r.tag in expire)
-            self.ended_count += 1
+        for rid in doomed:  # ended before the abort reached it: it comes back through a later poll
+            if rid in self.live:
+                self._orphans[rid] = rnd
+                self.stale_aborted += int(self.live[rid] in expire)
         self.trained = [dict(row, staleness=self.version - self.started_at[row["rid"]])
                         for pid in rnd.groups for row in self.held.get(int(pid), ())]
         self.held = {pid: rows for pid, rows in self.held.items() if pid in carried}
@@ -270,6 +294,11 @@ class StreamDriver(RoundDriver):
     def finish(self):
         """End the stream: abort what is still running (spent by the rounds that started it); returns them."""
         out = self.rollouts.abort(list(self.live)) if self.live else []
+        while len(out) < len(self.live):  # ended before the abort reached them: already handed back
+            batch = [r for r in self.rollouts.next_completed(timeout=self.timeout or 60) if r.finish_reason != "detect"]
+            if not batch:
+                break
+            out += [r for r in batch if r.rid in self.live]
         for r in out:
             self.live.pop(r.rid, None)
             self.events.append(("abort", r.tag, r.rid))
