@@ -121,14 +121,19 @@ def test_stream_through_the_vllm_server(tmp_path):
 
     with served_sums(tmp_path) as (server, model_dir, tok, dataset, first_digit_reward):
         budget = 48  # full groups (stock GRPO as a stream): every committed group trains, whatever the rewards
-        args = make_args(str(tmp_path / "out"), pacing="uniform", filling="full", num_rounds=6, rollout_budget=budget,
-                         max_completion_length=24, rollout_mode="stream", rollout_max_inflight=8, max_staleness=2,
-                         use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url, vllm_server_timeout=120,
-                         generation_kwargs=None, learning_rate=1e-2)
-        with patch_trl_vllm_client(request_timeout=300):
-            trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
-                                       reward_funcs=first_digit_reward, args=args,
-                                       train_dataset=dataset, processing_class=tok)
+
+        def make(name):
+            args = make_args(str(tmp_path / name), pacing="uniform", filling="full", num_rounds=6,
+                             rollout_budget=budget, max_completion_length=24, rollout_mode="stream",
+                             rollout_max_inflight=8, max_staleness=2, use_vllm=True, vllm_mode="server",
+                             vllm_server_base_url=server.url, vllm_server_timeout=120, generation_kwargs=None,
+                             learning_rate=1e-2, save_strategy="steps", save_steps=3)
+            with patch_trl_vllm_client(request_timeout=300):
+                return AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                                        reward_funcs=first_digit_reward, args=args, train_dataset=dataset,
+                                        processing_class=tok)
+
+        trainer = make("out")
         batches, inner = [], trainer._collate
 
         def spy(rows_, *a, **kw):
@@ -160,3 +165,18 @@ def test_stream_through_the_vllm_server(tmp_path):
             assert "importance_sampling_ratio" in out and "sampling_per_token_logps" in out
         logged = {k for x in trainer.state.log_history for k in x}
         assert {"sampling/importance_sampling_ratio/mean", "alloc/staleness_max", "alloc/carried"} <= logged
+
+        # resume mid-stream from the server run's checkpoint: the allocator's state at the last close, the rollouts
+        # then in flight named (and dropped), the checkpoint's weights pushed inside a keep-pause, the budget exact
+        ckpt = tmp_path / "out" / "checkpoint-3"
+        saved = json.loads((ckpt / ALLOCATION_STATE_NAME).read_text())
+        assert saved["counters"]["rounds"] == 3 and saved["stream"]["in_flight"] >= 0
+        resumed = make("resumed")
+        seen = train_with_spy(resumed, resume_from_checkpoint=str(ckpt))
+        assert resumed.state.global_step == trainer.state.global_step
+        spent = budget - resumed.engine.pacer.remaining_responses
+        assert resumed.engine.counters["responses"] == spent <= budget
+        trained = Counter(r["rid"] for rows_, _ in seen for r in rows_)
+        assert trained and set(trained.values()) == {1}
+        assert all(0 <= r["staleness"] <= 2 for rows_, _ in seen for r in rows_)
+        assert not client._get(f"{server.url}/is_paused")["is_paused"]
