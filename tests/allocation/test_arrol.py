@@ -1,4 +1,4 @@
-"""ARROL pieces (SPEC §4): survival probabilities, calibrator, rank weights, weighted voting."""
+"""ARROL pieces (arXiv 2603.24840): survival probabilities, calibrator, rank weights, weighted voting."""
 
 import json
 import subprocess

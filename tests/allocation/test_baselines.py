@@ -16,7 +16,6 @@ def test_uniform_pacer_is_an_epoch_pass_with_exact_budget():
     seen = []
     while not pacer.finished:
         units = pacer.propose()
-        ids = np.flatnonzero(units)
         seen.extend(pacer.ranked_prompts[: units.sum()].tolist())
         n = units * 8
         pacer.update(n // 2, n - n // 2)
@@ -85,7 +84,7 @@ def test_dynamic_sampling_keeps_only_varied_groups_and_hits_its_cap_loudly():
 
 
 def test_sara_spends_fewer_responses_than_dynamic_sampling_per_effective_group():
-    """The SPEC's prompt-level Monte Carlo: flat prior ≈ 0.98× DS; a history prior ≈ 0.9×."""
+    """A prompt-level Monte Carlo of SARA's stated defaults: flat prior ≈ 0.98× DS; a history prior ≈ 0.9×."""
     rng = np.random.default_rng(0)
     M = 50_000
     gamma = rng.beta(0.35, 0.5, M)

@@ -1,4 +1,5 @@
-"""Composition of pacers and fillers (SPEC §1) on a drifting synthetic pool, as scripts/plan.py runs it."""
+"""Composition of pacers and fillers (docs/architecture.md) on a drifting synthetic pool, as scripts/plan.py
+runs it."""
 
 import argparse
 

@@ -1,4 +1,4 @@
-"""ARROL pruning inside AllocGRPOTrainer (SPEC §4): two-phase generation at `detect_length`, the quality head
+"""ARROL pruning inside AllocGRPOTrainer (arXiv 2603.24840): two-phase generation at `detect_length`, the quality head
 (a side module saved as its own adapter folder), budget accounting, loss rows, checkpoints, LoRA, vLLM server mode.
 
 Tiny Qwen2 policies on CPU (see test_trainer.py); a few rounds each. EOS gets a sampling bias so that some

@@ -1,4 +1,4 @@
-"""ARROL (seed 003, SPEC §4): survival probabilities for partial rollouts, the online score
+"""ARROL (arXiv 2603.24840; docs/arrol.md): survival probabilities for partial rollouts, the online score
 calibrator of the quality head, the pruning decision (`ARROLPruning`, `RandomPruning`), and
 rank-weighted majority voting at test time. numpy/scipy only."""
 
@@ -145,7 +145,7 @@ def accuracy(scores, labels, threshold=0.0):
 
 
 class ScoreCalibrator:
-    """Head logits -> calibrated success probabilities q over a sliding buffer (SPEC §4).
+    """Head logits -> calibrated success probabilities q over a sliding buffer (docs/arrol.md).
 
     sigmoid(logit) -> bin b of B equal-width bins on [0, 1]; from the last `buffer_size` completed
     rollouts: P(b|1) = (n1[b] + α)/(N1 + αB), P(b|0) = (n0[b] + α)/(N0 + αB), π = (N1 + α)/(N + 2α),
@@ -203,7 +203,7 @@ class ScoreCalibrator:
 
 @register("pruning", "arrol")
 class ARROLPruning:
-    """ARROL's pruning decision on one request's eligible partial rollouts (SPEC §4): head logits ->
+    """ARROL's pruning decision on one request's eligible partial rollouts (docs/arrol.md): head logits ->
     calibrated q (`ScoreCalibrator`) -> per-prompt-group survival probabilities (`survival_probabilities`)
     -> sampled survivors. Nothing is pruned during the first `cold_start_rounds` rounds."""
 
@@ -258,7 +258,7 @@ class ARROLPruning:
 
 @register("pruning", "random")
 class RandomPruning(ARROLPruning):
-    """ARROL's control (SPEC §4): each eligible rollout survives with probability `keep_ratio`, no head."""
+    """ARROL's control (docs/arrol.md): each eligible rollout survives with probability `keep_ratio`, no head."""
 
     uses_head = False
 

@@ -73,7 +73,7 @@ class Round:
     Attributes filled as the round runs: ``spent`` (responses generated), ``groups`` (prompt ids
     whose responses go to the loss, in commit order), ``effective`` (how many of those are mixed),
     ``abandoned`` (prompt ids dropped), ``successes`` / ``failures`` (dict prompt id -> count),
-    ``pruned`` (dict prompt id -> responses pruned mid-generation, ARROL; SPEC §4), ``unscored``
+    ``pruned`` (dict prompt id -> responses pruned mid-generation, ARROL, docs/arrol.md), ``unscored``
     (dict prompt id -> responses whose reward is NaN: no reward function could score them).
 
     Pruned and unscored responses are spent budget with no reward: they count in ``spent`` and in the

@@ -1,4 +1,5 @@
-"""The seeds' baselines as pacers and fillers: plain GRPO, DAPO dynamic sampling, KnapsackRL (SPEC §5)."""
+"""The papers' baselines as pacers and fillers: plain GRPO, DAPO dynamic sampling, KnapsackRL
+(docs/allocation.md#baselines)."""
 
 import numpy as np
 

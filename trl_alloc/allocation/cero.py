@@ -1,4 +1,4 @@
-"""CERO (seed 000): online primal–dual pacing of one finite rollout budget over the whole run.
+"""CERO (arXiv 2610.09679): online primal–dual pacing of one finite rollout budget over the whole run.
 
 Units: one allocation unit = `unit_size` (g) responses. Notation follows Algorithm 1:
 R = B/M, Z = K·N_max, c̄ = λ/R, B̄ = B/K, G_B = max(B̄, C − B̄).

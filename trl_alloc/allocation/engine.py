@@ -1,7 +1,7 @@
 """The allocation engine: one run's pacer, filler and pruning decisions, with the counters, history
 and exposure they produce, as one object with a versioned state (numpy only, testable without TRL).
 
-One round, as the trainer drives it (SPEC §1 composition; each call but `record_round` runs on the
+One round, as the trainer drives it (docs/architecture.md; each call but `record_round` runs on the
 main process only, and its result is shared with every rank):
 
     admitted = engine.start_round()              # pacer.propose(); filler.start_round(...)

@@ -12,7 +12,7 @@ Accounting (exact, in both modes): a rollout is spent when it is submitted, so `
 moment and what is in flight is already reserved against the budget; every submitted rollout is observed
 exactly once. An aborted rollout is a spent response without reward (`aborted`), like a pruned one.
 
-- `sara.SARAEventRound`: SARA's rule (seed 002 eq. 3) applied as each rollout arrives; the next rollout of the
+- `sara.SARAEventRound`: SARA's rule (eq. 3) applied as each rollout arrives; the next rollout of the
   prompt is started at once (the rest of its group once it is mixed), a fresh prompt of the stream as soon
   as the budget, the target and the window allow; an abandoned prompt's in-flight rollouts are aborted.
 - `baselines.DynamicSamplingEventRound`: DAPO's dynamic sampling: whole groups, each judged as its k-th rollout ends.

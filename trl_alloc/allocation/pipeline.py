@@ -1,4 +1,4 @@
-"""How a pacer and a filler join in one round (SPEC §1 composition).
+"""How a pacer and a filler join in one round (docs/architecture.md#one-round-through-the-code).
 
 CERO's ranked positive-margin list is the filler's stream and its executed units × g the round's
 response budget; plain pacers (uniform, knapsack) fix prompts, not spend, so an adaptive filler may

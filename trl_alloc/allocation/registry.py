@@ -2,7 +2,7 @@
 pruning name maps to its class, and each class carries its name and its family.
 
 Classes register themselves with `@register(stage, name)`. A pacer whose class has `cero_family = True`
-spends the budget in CERO units of `unit_size` responses over a round capacity (SPEC §2). Config
+spends the budget in CERO units of `unit_size` responses over a round capacity (CERO, arXiv 2610.09679). Config
 validation, `allocation.factory`, `scripts/plan.py` and the benchmark scripts all read this registry.
 """
 

@@ -1,4 +1,4 @@
-"""SARA (seed 002): fill one round by probing prompts, committing mixed groups and abandoning
+"""SARA ("Early Verdicts, Better Budgets"): fill one round by probing prompts, committing mixed groups and abandoning
 decided-saturated ones, with the freed budget going to the next prompts of the stream."""
 
 import numpy as np
@@ -220,7 +220,7 @@ class SARARound(Round):
 
 
 class SARAEventRound(EventRound):
-    """SARA (seed 002, Algorithm 1) as events. Each arrival updates the prompt's (n, s, f) and applies
+    """SARA (Algorithm 1) as events. Each arrival updates the prompt's (n, s, f) and applies
     eq. 3: COMMIT (mixed, n >= commit_min), ABANDON (p_eff < τ_low, eq. 2; its in-flight rollouts are
     aborted) or CONTINUE (a mixed prompt gets the rest of its group at once, an unmixed one its next rollout
     while fewer than n0 of its rollouts are running). A fresh prompt of the stream is admitted, with n0 probes,

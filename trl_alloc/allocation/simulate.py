@@ -1,6 +1,6 @@
 """A prompt-level simulator of whole runs (what `scripts/plan.py` prints): the real pacers and fillers, no
-model, on a synthetic pool whose success rates drift as a policy would learn (SPEC issue 5's planning
-prior). numpy only.
+model, on a synthetic pool whose success rates drift as a policy would learn (the planning prior of
+docs/benchmarks.md#planning-at-paper-scale-scriptsplanpy-no-model). numpy only.
 """
 
 import time
@@ -13,7 +13,8 @@ from .pipeline import round_arguments
 
 class DriftingPool:
     """A synthetic prompt pool whose success rates drift as a policy would learn: logit_i(t) =
-    logit_i(0) + drift · t/K + gain · (responses trained on prompt i)/k (SPEC issue 5's planning prior)."""
+    logit_i(0) + drift · t/K + gain · (responses trained on prompt i)/k (docs/benchmarks.md, planning at paper
+    scale)."""
 
     def __init__(self, num_prompts, rounds, mean_logit=-1.0, spread=2.5, drift=1.5, gain=0.05,
                  group_size=8, seed=0):

@@ -7,7 +7,7 @@ Methods, at equal settings (B target groups of k, the same prompts, max tokens a
   stock_arrol_events  the same groups as events with ARROL in the stream (the paper's setting)
   dapo_sync         DAPO dynamic sampling, synchronous: calls of B whole groups until B are mixed (verl's recipe)
   dapo_events       the same as events: whole groups within the window, the surplus aborted at the target
-  sara_sync         SARA, synchronous: probe, wait for the call, decide, one more call (seed 002, Algorithm 1)
+  sara_sync         SARA, synchronous: probe, wait for the call, decide, one more call (SARA, Algorithm 1)
   sara_events       SARA as events: decided per rollout, the next rollout or prompt started at once
   stock_stream      stock's full groups as one stream across rounds (verl's / AReaL's asynchronous way): a
                     round closes once its groups are all started, the rest runs on into the next round

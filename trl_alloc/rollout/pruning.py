@@ -1,4 +1,4 @@
-"""ARROL online rollout pruning in the trainer (SPEC §4): two-phase generation, the pruning decision,
+"""ARROL online rollout pruning in the trainer (arXiv 2603.24840): two-phase generation, the pruning decision,
 and the quality head's online training.
 
 Every generation request runs in two phases:

@@ -1,4 +1,4 @@
-"""ARROL's quality head (SPEC §4): a 2-layer MLP on the policy's last-layer hidden state at the
+"""ARROL's quality head (arXiv 2603.24840): a 2-layer MLP on the policy's last-layer hidden state at the
 detection point, one logit out ("will this partial rollout end with reward 1?").
 
 **Why not a PEFT adapter type.** The spec asks for a *PEFT side module*: saved, loaded and pushed as
@@ -84,7 +84,7 @@ class QualityHead(nn.Module, PyTorchModelHubMixin, library_name="trl-alloc",
     @torch.no_grad()
     def score(self, model, sequences, pad_id, batch_size=8):
         """Logits for token-id sequences (prompt + candidate) of `model`: test-time candidate weighting
-        (SPEC §4: rank them with `allocation.arrol.rank_weights`, then `weighted_majority_vote`)."""
+        (docs/arrol.md: rank them with `allocation.arrol.rank_weights`, then `weighted_majority_vote`)."""
         return self(last_hidden_states(model, sequences, pad_id, batch_size)).double().numpy()
 
 

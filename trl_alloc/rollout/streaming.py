@@ -16,7 +16,7 @@ In-stream pruning (ARROL's detection point, on backends that support it): with `
 still running at that many tokens is handed to `on_detect` as a snapshot; the rollouts it names are aborted
 in the engine and end as pruned (spent, no reward), the others go on in the same request. Snapshots are
 decided a *cohort* at a time -- the rollouts of one submission (one prompt, started together) -- once each
-of them has reached the point or ended, so a group's survival probabilities (SPEC §4) are computed over the
+of them has reached the point or ended, so a group's survival probabilities (docs/arrol.md) are computed over the
 same rollouts as in the batched two-phase path; `snapshot.info["cohort"]` names it and
 `snapshot.info["ended"]` marks one that ended while its cohort was incomplete (it can no longer be pruned).
 """

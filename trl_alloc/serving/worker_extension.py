@@ -24,7 +24,7 @@ head, never re-packs it: generation would keep using the *old* output head. Afte
 extension re-runs the (unquantized) weight processing of every module whose weight is shared with
 another module, which re-packs the head. On CUDA that processing is a no-op.
 
-ARROL's quality head in the engine (SPEC §4): ``load_quality_head`` installs the head's weights (a few
+ARROL's quality head in the engine (arXiv 2603.24840): ``load_quality_head`` installs the head's weights (a few
 hundred KB, sent with each weight sync) and a forward hook on the served model. vLLM's model forward
 returns the final norm's output for every scheduled token; at the step where a request's input token is
 the ``detect_length``-th completion token (position ``prompt_len + detect_length − 1``), the hook scores

@@ -1,7 +1,8 @@
 """TRL-style configs: `AllocGRPOConfig(GRPOConfig)` and `AllocDAPOConfig`, parsed by `TrlParser`.
 
 One optimizer step is one scheduler round. The stage fields (`pacing`, `filling`, `pruning`) pick
-the sampling pipeline; the rest are the stages' hyperparameters (SPEC §2, §3, §4, §5).
+the sampling pipeline; the rest are the stages' hyperparameters (CERO arXiv 2610.09679, SARA "Early
+Verdicts, Better Budgets", ARROL arXiv 2603.24840, and the baselines of docs/allocation.md).
 """
 
 import math
@@ -65,7 +66,7 @@ class AllocGRPOConfig(GRPOConfig):
     allocation_seed: int | None = field(default=None, metadata={
         "help": "Seed of the allocator's own randomness (tie-breaking permutations, epoch orders). None = `seed`."})
 
-    # CERO (SPEC §2, Appendix G)
+    # CERO (arXiv 2610.09679, Appendix G)
     unit_size: int = field(default=4, metadata={"help": "CERO allocation unit g, in responses."})
     max_units: int = field(default=2, metadata={
         "help": "CERO per-prompt per-round cap N_max in units (2 × 4 = one 8-response group)."})
@@ -88,7 +89,7 @@ class AllocGRPOConfig(GRPOConfig):
     knapsack_max_n: int | None = field(default=None, metadata={
         "help": "KnapsackRL maximum responses per prompt. None = 4 × num_generations."})
 
-    # SARA (SPEC §3) and dynamic sampling (SPEC §5)
+    # SARA ("Early Verdicts, Better Budgets") and DAPO's dynamic sampling (docs/allocation.md#baselines)
     target_groups: int | None = field(default=None, metadata={
         "help": "Groups a SARA / dynamic-sampling round tries to commit (B). None = the number of prompts the pacer "
         "admitted this round."})
@@ -123,12 +124,13 @@ class AllocGRPOConfig(GRPOConfig):
         "help": "Events mode, SARA: admit prompts while committed + expected groups (sum of p_eff) < this × "
         "target_groups. Higher fills the engine sooner and aborts more surplus (spent budget)."})
 
-    # ARROL (SPEC §4)
+    # ARROL (arXiv 2603.24840; docs/arrol.md)
     detect_length: int = field(default=512, metadata={
         "help": "ARROL detection length L_detect in tokens: every rollout generates up to this many tokens, then the "
         "unfinished ones are scored once and pruned or continued. Must be below max_completion_length."})
     prune_undecided: bool = field(default=True, metadata={
-        "help": "Events mode: True (SPEC) = ARROL may prune any eligible rollout; False = only rollouts of prompts "
+        "help": "Events mode: True (docs/arrol.md) = ARROL may prune any eligible rollout; False = only rollouts of "
+        "prompts "
         "already known to be mixed (a success and a failure observed), so SARA's probes, whose outcomes decide "
         "a prompt, are never cut (with full groups that leaves almost nothing to prune)."})
     keep_ratio: float = field(default=0.5, metadata={
@@ -273,7 +275,8 @@ class AllocGRPOConfig(GRPOConfig):
             raise ValueError(f"pruning={self.pruning!r} needs `detect_length` ({self.detect_length}) below "
                              f"`max_completion_length` ({self.max_completion_length}): a rollout is scored when it "
                              "reaches detect_length and survivors continue up to max_completion_length. Lower "
-                             "`detect_length` (SPEC: 512 for long reasoning; a few tokens for tiny models) or set "
+                             "`detect_length` (ARROL arXiv 2603.24840: 512 for long reasoning; a few tokens for tiny "
+                             "models) or set "
                              "pruning='none'.")
 
     # -- derived quantities (the trainer calls these once it knows the dataset) ------------------

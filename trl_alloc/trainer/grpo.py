@@ -166,7 +166,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         self._warn_missing_reward_columns(train_dataset)
         world = self.accelerator.num_processes
         self._collective_generation = world > 1 and (self.use_vllm or is_zero3(self) or self.is_fsdp_enabled)
-        # the allocation engine: pacer, filler, pruner (ARROL / random pruning, SPEC §4; None for 'none')
+        # the allocation engine: pacer, filler, pruner (ARROL / random pruning, arXiv 2603.24840; None for 'none')
         self.engine = AllocationEngine.from_config(args, num_prompts, self.num_rounds, plan=self.run_plan,
                                                    pruner=build_pruner(self))
         self._rounds_this_session = 0
