@@ -12,7 +12,7 @@ from trl_alloc.allocation import decide, effective_probability, make_filler, mak
 from trl_alloc.allocation.engine import AllocationEngine, json_default
 from trl_alloc.allocation.event_rounds import BatchedEventRound
 from trl_alloc.allocation.pipeline import round_arguments
-from trl_alloc.allocation.sara import ABANDON, COMMIT
+from trl_alloc.allocation.sara import ABANDON
 
 
 def drive(rnd, p_success, rng, window=16):

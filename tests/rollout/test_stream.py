@@ -164,4 +164,7 @@ def test_engine_model_stream_rows_add_up():
         assert sum(r["staleness"].values()) > 0
     assert set(sync["staleness"]) == {0} and max(stream["staleness"]) <= 2
     assert stream["engine_s"] < sync["engine_s"]  # generation overlaps training, no round waits on its tail
-    assert sync["engine_s"] == pytest.approx(sync["train_s"] + 6 * 1.0 + (sync["engine_s"] - sync["train_s"] - 6))
+    # synchronous rounds: generation, then the engine waits for training and the push (1 s a round)
+    generation_only = simulate_engine("uniform", "sync", argparse.Namespace(
+        **{**vars(args), "train_ms_per_token": 0.0, "sync_s": 0.0}), 6)
+    assert sync["engine_s"] == pytest.approx(generation_only["engine_s"] + sync["train_s"] + 6 * 1.0)

@@ -107,9 +107,7 @@ class AllocationEngine:
         left); returns the number of prompts admitted."""
         units = self.pacer.propose()
         if carry is not None:
-            kwargs = self.join(self.pacer, units, carry=carry)
-            self._round = self.filler.start_event_round(**kwargs)
-            self._round.final = final or kwargs["budget"] >= self.pacer.remaining_responses
+            self._round = self.filler.start_event_round(**self.join(self.pacer, units, carry=carry, final=final))
         else:
             kwargs = self.join(self.pacer, units)
             self._round = (self.filler.start_event_round if events else self.filler.start_round)(**kwargs)

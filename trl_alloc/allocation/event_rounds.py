@@ -25,7 +25,8 @@ still in flight and what they observed so far, to the next round (`start_event_r
 resumes them first and excludes them from its fresh stream; so a group may straddle a round boundary. Accounting
 stays exact across rounds: a rollout is spent by the round that started it (`outcomes` reports what each prompt
 *started* this round, in-flight ones included, so the pacer reserves them), and observed by the round in which it
-ends (`prepaid`: the rollouts a round adopted, paid for by an earlier one).
+ends (`prepaid`: the rollouts a round adopted, paid for by an earlier one). The stream's last round (`final`)
+waits for its groups instead: nothing after it would carry them.
 """
 
 from collections import Counter
@@ -40,7 +41,7 @@ class EventRound(Round):
     (the (pid, n) to start now) and `_on_rollout(pid, observed)` (observed: 0/1, or None for a rollout that
     ended without a reward: pruned, unscored)."""
 
-    def __init__(self, budget, carry=None):
+    def __init__(self, budget, carry=None, final=False):
         super().__init__(budget)
         self.aborted = {}
         self.live = Counter()  # prompt id -> rollouts in flight
@@ -51,7 +52,7 @@ class EventRound(Round):
         self.after_close = []  # rows that ended after the close, not observed (the driver hands them on)
         self.expired = []  # open groups dropped at the close (too stale to carry)
         self.observed = 0  # rollouts observed by this round (a stream round closes after its first, at the earliest)
-        self.final = False  # the stream's last round: it waits for its groups (nothing after it to carry them)
+        self.final = bool(final)  # the stream's last round: it waits for its groups (nothing after it carries them)
         self._closed = False
 
     def _adopt_carry(self, carry):

@@ -164,10 +164,7 @@ def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, tra
             driver.start(engine.current_round)
             for i in range(rounds):
                 t0, spent0, tokens0, aborted0 = time.perf_counter(), driver.spent, driver.tokens, driver.aborted
-                while (batch := driver.poll()) is not None:
-                    driver.observe([{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
-                                     "success": float("nan") if r.finish_reason == "abort" else float(score(r))}
-                                    for r in batch])
+                driver.run(score)
                 summary = engine.finish_round()
                 staleness.extend(row["staleness"] for row in driver.trained)
                 stats = summary["stats"]
@@ -247,10 +244,7 @@ def predict_rounds(method, config, result, step, rounds, num_prompts, train_s=0.
             break
         t0 = sim.clock_s
         if mode == "stream":
-            while (batch := driver.poll()) is not None:
-                driver.observe([{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
-                                 "success": float("nan") if r.finish_reason == "abort" else success(r)}
-                                for r in batch])
+            driver.run(success)
             engine.finish_round()
             if i + 1 < rounds and not engine.pacer.finished:
                 engine.start_round(True, carry=driver.carry, final=i + 2 == rounds)

@@ -19,7 +19,6 @@ the device, or a synchronous trainer's engine waiting for its step).
 import collections
 import heapq
 import itertools
-import math
 
 import numpy as np
 
@@ -199,13 +198,8 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
 
     def open_round(carry=None, final=False):
         kw = round_arguments(pacer, pacer.propose(), filling, args.units_per_group * args.unit_size,
-                             history_decay=args.history_decay, carry=carry)
-        if mode == "sync":
-            return BatchedEventRound(filler.start_round(**kw))
-        rnd = filler.start_event_round(**kw)
-        if carry is not None:  # the stream's last round waits for its groups (nothing after it to carry them)
-            rnd.final = final or kw["budget"] >= pacer.remaining_responses
-        return rnd
+                             history_decay=args.history_decay, carry=carry, final=final)
+        return BatchedEventRound(filler.start_round(**kw)) if mode == "sync" else filler.start_event_round(**kw)
 
     def close_round(rnd, trained):
         pacer.update(*rnd.outcomes(pacer.num_prompts), **({"prepaid": rnd.prepaid_counts(pacer.num_prompts)}
@@ -218,10 +212,6 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
         total["staleness"].update(r.get("staleness", 0) for r in trained)
         return tokens * train_ms / 1e3 / train_gpus
 
-    def rows(batch):
-        return [{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
-                 "success": math.nan if r.finish_reason == "abort" else r.info["success"]} for r in batch]
-
     detect = {"detect_at": pruning and args.detect_length, "on_detect": pruning and on_detect}
     i = 0
     if mode == "stream":
@@ -231,9 +221,7 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
         rnd = open_round(carry={}, final=rounds == 1)
         driver.start(rnd)
         while i < rounds:
-            while (batch := driver.poll()) is not None:
-                driver.observe(rows(batch))
-            trained = driver.trained
+            trained = driver.run(lambda r: r.info["success"]).trained
             train_s = close_round(rnd, trained)
             i += 1
             if i < rounds and not pacer.finished:  # the next round starts generating before this one trains

@@ -139,6 +139,15 @@ class RoundDriver:
                 self.live.pop(r.rid, None)
                 self._held.append(r)
 
+    def run(self, success):
+        """Poll until the round is done, scoring each ended rollout with `success(rollout)` -> 1.0, 0.0 or NaN
+        (an aborted one: NaN); returns the driver."""
+        while (batch := self.poll()) is not None:
+            self.observe([{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
+                           "success": float("nan") if r.finish_reason == "abort" else float(success(r))}
+                          for r in batch])
+        return self
+
     def _book(self, rows):
         """Flags, events and tokens of the last poll's rows (in its order)."""
         if len(rows) != len(self._batch):
@@ -165,8 +174,7 @@ class StreamDriver(RoundDriver):
         driver = StreamDriver(rollouts, prompt_ids_of, max_tokens, max_inflight, max_staleness=1)
         while rounds remain:
             driver.start(filler.start_event_round(..., carry=driver.carry))   # resumes the carried, submits
-            while (batch := driver.poll()) is not None:
-                driver.observe(score(batch))
+            driver.run(success)                               # (or poll / observe, scoring the rows elsewhere)
             train on driver.trained; push the weights; driver.push()          # the engine generates meanwhile
         driver.finish()
 
@@ -314,10 +322,7 @@ def run_round(allocator, rollouts, prompt_ids_of, success, max_tokens, max_infli
     """Run a whole event round with `success(rollout)` -> 1.0, 0.0 or NaN as the score; returns the driver
     (its `ended` rollouts, `events`, `spent`, `tokens`, `aborted`, `pruned`)."""
     driver = RoundDriver(allocator, rollouts, prompt_ids_of, max_tokens, max_inflight, timeout, detect_at, on_detect)
-    while (batch := driver.poll()) is not None:
-        driver.observe([{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
-                         "success": float("nan") if r.finish_reason == "abort" else float(success(r))} for r in batch])
-    return driver
+    return driver.run(success)
 
 
 __all__ = ["RoundDriver", "StreamDriver", "run_round"]

@@ -80,7 +80,7 @@ class EventRoundMixin:
             cache[pid] = list(map(int, tokenize_prompts(self, [self.train_dataset[int(pid)]["prompt"]])[0]))
         return cache[pid]
 
-    def _poll_rounds(self, driver):
+    def _poll_round(self, driver):
         """Poll `driver` (main process) until its round is done; every rank scores each batch. Returns the rows."""
         rows = []
         while (batch := self._main_call(lambda: None if (b := driver.poll()) is None else _plain(b))) is not None:
@@ -112,7 +112,7 @@ class EventRoundMixin:
                                  detect_at=self.pruner.detect_length if in_stream else None,
                                  on_detect=prune if in_stream else None)
         try:
-            rows = self._poll_rounds(driver)
+            rows = self._poll_round(driver)
         finally:
             if driver is not None:
                 driver.rollouts.close()
@@ -167,7 +167,7 @@ class StreamRoundMixin:
             self._open_stream_round()
         self._stream_open = False
         held_rows = self.__dict__.setdefault("_stream_rows", {})
-        rows = self._poll_rounds(driver)
+        rows = self._poll_round(driver)
         held_rows.update({row["rid"]: row for row in rows if not row.get("aborted")})
         summary = self._allocator(self.engine.finish_round)
         def close():  # main process: what to train, what to hold, the round's own events
