@@ -215,12 +215,12 @@ class FullFiller:
         return FullRound(stream, budget, self.group_size, target_groups, counts)
 
     def start_event_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None,
-                          carry=None, final=False):
+                          carry=None, wait_for_groups=False):
         """The same round as events: one submission of every group. With `carry` (stream mode) each group is
         committed as its last rollout ends and the round closes at its number of groups (`FullEventRound`)."""
         if carry is not None:
             return FullEventRound(*FullRound(stream, budget, self.group_size, target_groups, counts)._pending,
-                                  budget, carry, final)
+                                  budget, carry, wait_for_groups)
         return BatchedEventRound(self.start_round(stream, budget, target_groups, counts))
 
     def state_dict(self):
@@ -272,11 +272,11 @@ class DynamicSamplingFiller:
                                     self.max_generation_batches, self.batch_prompts or target_groups)
 
     def start_event_round(self, stream, budget, target_groups, counts=None, prior_a=None, prior_b=None, carry=None,
-                          final=False):
+                          wait_for_groups=False):
         """The same round as events (`DynamicSamplingEventRound`); the cap is the same number of prompts."""
         return DynamicSamplingEventRound(stream, budget, self.group_size, check_int("target_groups", target_groups, 0),
                                          self.max_generation_batches * (self.batch_prompts or target_groups), carry,
-                                         final)
+                                         wait_for_groups)
 
     def state_dict(self):
         return {}
@@ -330,8 +330,8 @@ class DynamicSamplingEventRound(EventRound):
     room for one; a group is kept when its k-th rollout ends with varied outcomes. Starting more than
     `max_prompts` prompts without reaching the target is DAPO's cap (an error, as in the batched round)."""
 
-    def __init__(self, stream, budget, group_size, target, max_prompts, carry=None, final=False):
-        super().__init__(budget, carry, final)
+    def __init__(self, stream, budget, group_size, target, max_prompts, carry=None, wait_for_groups=False):
+        super().__init__(budget, carry, wait_for_groups)
         stream = np.asarray(stream, np.int64)
         self.stream = stream[~np.isin(stream, [int(p) for p in carry or {}])]  # carried groups are resumed
         self.k, self.target = group_size, target
@@ -385,8 +385,8 @@ class FullEventRound(EventRound):
     the round closes once it has as many groups as it has prompts; a group still running then goes on into
     the next round (`carry`), which counts it among its own."""
 
-    def __init__(self, stream, counts, budget, carry=None, final=False):
-        super().__init__(budget, carry, final)
+    def __init__(self, stream, counts, budget, carry=None, wait_for_groups=False):
+        super().__init__(budget, carry, wait_for_groups)
         carried = [int(p) for p in carry or {}]
         fresh = ~np.isin(stream, carried)
         self.queue = [[int(p), int(n)] for p, n in zip(np.asarray(stream)[fresh], np.asarray(counts)[fresh])]

@@ -100,14 +100,14 @@ class AllocationEngine:
         return self._plan
 
     # ------------------------------------------------------------------ one round (main process)
-    def start_round(self, events=False, carry=None, final=False):
+    def start_round(self, events=False, carry=None, wait_for_groups=False):
         """The pacer's proposal opens the filler's round (fed one rollout at a time with `events`, see
-        `event_rounds`; with `carry`, the stream's next round, resuming an earlier round's open groups; it is
-        the stream's `final` round, which waits for its groups, when so told or when it may spend all that is
-        left); returns the number of prompts admitted."""
+        `event_rounds`; with `carry`, the stream's next round, resuming an earlier round's open groups; it waits
+        for its groups when so told or when it may spend all that is left); returns the number of prompts admitted."""
         units = self.pacer.propose()
         if carry is not None:
-            self._round = self.filler.start_event_round(**self.join(self.pacer, units, carry=carry, final=final))
+            self._round = self.filler.start_event_round(**self.join(self.pacer, units, carry=carry,
+                                                                    wait_for_groups=wait_for_groups))
         else:
             kwargs = self.join(self.pacer, units)
             self._round = (self.filler.start_event_round if events else self.filler.start_round)(**kwargs)

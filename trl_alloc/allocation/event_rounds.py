@@ -25,8 +25,10 @@ still in flight and what they observed so far, to the next round (`start_event_r
 resumes them first and excludes them from its fresh stream; so a group may straddle a round boundary. Accounting
 stays exact across rounds: a rollout is spent by the round that started it (`outcomes` reports what each prompt
 *started* this round, in-flight ones included, so the pacer reserves them), and observed by the round in which it
-ends (`prepaid`: the rollouts a round adopted, paid for by an earlier one). The stream's last round (`final`)
-waits for its groups instead: nothing after it would carry them.
+ends (`prepaid`: the rollouts a round adopted, paid for by an earlier one). A round started with
+`wait_for_groups` closes only once it has its groups (or nothing is left to start and nothing runs), carrying only
+what runs past that: the stream's last round (nothing after it would carry them), and every round of an engine that
+idles while the trainer trains (colocate), where closing early would overlap nothing.
 """
 
 from collections import Counter
@@ -41,7 +43,7 @@ class EventRound(Round):
     (the (pid, n) to start now) and `_on_rollout(pid, observed)` (observed: 0/1, or None for a rollout that
     ended without a reward: pruned, unscored)."""
 
-    def __init__(self, budget, carry=None, final=False):
+    def __init__(self, budget, carry=None, wait_for_groups=False):
         super().__init__(budget)
         self.aborted = {}
         self.live = Counter()  # prompt id -> rollouts in flight
@@ -52,7 +54,7 @@ class EventRound(Round):
         self.after_close = []  # rows that ended after the close, not observed (the driver hands them on)
         self.expired = []  # open groups dropped at the close (too stale to carry)
         self.observed = 0  # rollouts observed by this round (a stream round closes after its first, at the earliest)
-        self.final = bool(final)  # the stream's last round: it waits for its groups (nothing after it carries them)
+        self.wait_for_groups = bool(wait_for_groups)  # a stream round that does not close on its budget alone
         self._closed = False
 
     def _adopt_carry(self, carry):
@@ -119,7 +121,7 @@ class EventRound(Round):
             self.generation_calls += 1
         elif not self.in_flight:
             self._close()  # nothing running and nothing left to start
-        if self.carries and not self.final and self._exhausted() and self.observed:
+        if self.carries and not self.wait_for_groups and self._exhausted() and self.observed:
             self._close()  # stream mode: its budget is all started; what runs goes on into the next round
         return out
 

@@ -68,13 +68,13 @@ def build_filler(args, num_prompts, pacer=None):
                        overcommit=getattr(args, "sara_overcommit", 1.5))
 
 
-def round_kwargs(args, pacer, units, carry=None, final=False):
+def round_kwargs(args, pacer, units, carry=None, wait_for_groups=False):
     """Arguments of `filler.start_round` for the pacer's proposal `units` (how the stages compose:
     docs/architecture.md#one-round-through-the-code)."""
     oversample = args.max_generation_batches if args.filling == "dynamic_sampling" else args.sara_safety_factor
     return round_arguments(pacer, units, args.filling, args.num_generations, target_groups=args.target_groups,
                            oversample=oversample, history_decay=args.history_decay, carry=carry,
-                           final=final)
+                           wait_for_groups=wait_for_groups)
 
 
 def load_reference(path):

@@ -9,12 +9,12 @@ import numpy as np
 
 
 def round_arguments(pacer, units, filling, group_size, target_groups=None, oversample=6, history_decay=None,
-                    carry=None, final=False):
+                    carry=None, wait_for_groups=False):
     """Keyword arguments of `filler.start_round` for the pacer's proposal `units`. With `carry` (stream mode: the
     open groups of the last round, see `event_rounds`), also `start_event_round`'s: the round's budget is at least
     what those groups may still start (`need`), within what the pacer has left, so a carried group can finish even
     in a round the pacer gives nothing (their rest is started first, so it comes out of the proposal's spend). The
-    stream's last round (`final`, or one that may spend all the pacer has left) waits for its groups."""
+    round waits for its groups when told (`wait_for_groups`) or when it may spend all the pacer has left."""
     stream = np.asarray(pacer.ranked_prompts, np.int64)
     spend = int(units.sum()) * pacer.unit_size
     if carry is not None:
@@ -23,19 +23,20 @@ def round_arguments(pacer, units, filling, group_size, target_groups=None, overs
     admitted = int((units > 0).sum())
     if filling == "full":
         kwargs = {"stream": stream, "budget": spend, "target_groups": None, "counts": units[stream] * pacer.unit_size}
-        return _stream_round(kwargs, pacer, carry, final)
+        return _stream_round(kwargs, pacer, carry, wait_for_groups)
     target = admitted if target_groups is None or admitted == 0 else int(target_groups)
     if not getattr(pacer, "paces_budget", False):
         spend = min(oversample * target * group_size, pacer.remaining_responses)
     kwargs = {"stream": stream, "budget": spend, "target_groups": target}
     if filling == "sara" and history_decay is not None and hasattr(pacer, "beta"):
         kwargs["prior_a"], kwargs["prior_b"] = pacer.beta.discounted(history_decay, stream)
-    return _stream_round(kwargs, pacer, carry, final)
+    return _stream_round(kwargs, pacer, carry, wait_for_groups)
 
 
-def _stream_round(kwargs, pacer, carry, final):
+def _stream_round(kwargs, pacer, carry, wait_for_groups):
     if carry is not None:
-        kwargs.update(carry=carry, final=bool(final or kwargs["budget"] >= pacer.remaining_responses))
+        last = kwargs["budget"] >= pacer.remaining_responses
+        kwargs.update(carry=carry, wait_for_groups=bool(wait_for_groups or last))
     return kwargs
 
 

@@ -91,11 +91,11 @@ class SARAFiller:
         return SARARound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b))
 
     def start_event_round(self, stream, budget=None, target_groups=64, counts=None, prior_a=None, prior_b=None,
-                          carry=None, final=False):
-        """`start_round`'s round, fed one rollout at a time (`SARAEventRound`); `carry` and `final`: see
+                          carry=None, wait_for_groups=False):
+        """`start_round`'s round, fed one rollout at a time (`SARAEventRound`); `carry` and `wait_for_groups`: see
         `event_rounds`."""
         return SARAEventRound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b), carry=carry,
-                              final=final)
+                              wait_for_groups=wait_for_groups)
 
     def _round_args(self, stream, budget, target_groups, prior_a, prior_b):
         target = check_int("target_groups", target_groups, 0)
@@ -237,8 +237,8 @@ class SARAEventRound(EventRound):
     straddle rounds; admission then needs only budget left (no reserve for the active prompts' rest: a later
     round pays for what goes on past this one), and the round closes once its budget is all started."""
 
-    def __init__(self, filler, stream, prior_a, prior_b, budget, target, carry=None, final=False):
-        super().__init__(budget, carry, final)
+    def __init__(self, filler, stream, prior_a, prior_b, budget, target, carry=None, wait_for_groups=False):
+        super().__init__(budget, carry, wait_for_groups)
         carried = np.asarray([int(p) for p in carry or {}], np.int64)
         if carried.size:  # resumed first; never a second group of one prompt
             fresh = ~np.isin(stream, carried)

@@ -160,7 +160,7 @@ def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, tra
     with EngineMonitor(base_url, window) as monitor:
         monitor.active = True
         try:
-            engine.start_round(True, carry=driver.carry, final=rounds == 1)
+            engine.start_round(True, carry=driver.carry, wait_for_groups=rounds == 1)
             driver.start(engine.current_round)
             for i in range(rounds):
                 t0, spent0, tokens0, aborted0 = time.perf_counter(), driver.spent, driver.tokens, driver.aborted
@@ -169,7 +169,7 @@ def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, tra
                 staleness.extend(row["staleness"] for row in driver.trained)
                 stats = summary["stats"]
                 if i + 1 < rounds and not engine.pacer.finished:
-                    engine.start_round(True, carry=driver.carry, final=i + 2 == rounds)
+                    engine.start_round(True, carry=driver.carry, wait_for_groups=i + 2 == rounds)
                     driver.start(engine.current_round)
                 time.sleep(train_s)  # the trainer's step: the engine generates meanwhile
                 driver.push()
@@ -237,7 +237,7 @@ def predict_rounds(method, config, result, step, rounds, num_prompts, train_s=0.
     if mode == "stream":
         driver = StreamDriver(sim, lambda pid: [], config.max_completion_length, window,
                               max_staleness=config.max_staleness)
-        engine.start_round(True, carry=driver.carry, final=rounds == 1)
+        engine.start_round(True, carry=driver.carry, wait_for_groups=rounds == 1)
         driver.start(engine.current_round)
     for i in range(rounds):
         if engine.pacer.finished:
@@ -247,7 +247,7 @@ def predict_rounds(method, config, result, step, rounds, num_prompts, train_s=0.
             driver.run(success)
             engine.finish_round()
             if i + 1 < rounds and not engine.pacer.finished:
-                engine.start_round(True, carry=driver.carry, final=i + 2 == rounds)
+                engine.start_round(True, carry=driver.carry, wait_for_groups=i + 2 == rounds)
                 driver.start(engine.current_round)
             sim.run_for(train_s)
             driver.push()

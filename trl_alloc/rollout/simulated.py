@@ -196,9 +196,9 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
         cut = pruning.prune([s.info["cohort"] for s in snaps])
         return [s.rid for s, c in zip(snaps, cut) if c and not s.info["ended"]]
 
-    def open_round(carry=None, final=False):
+    def open_round(carry=None, wait_for_groups=False):
         kw = round_arguments(pacer, pacer.propose(), filling, args.units_per_group * args.unit_size,
-                             history_decay=args.history_decay, carry=carry, final=final)
+                             history_decay=args.history_decay, carry=carry, wait_for_groups=wait_for_groups)
         return BatchedEventRound(filler.start_round(**kw)) if mode == "sync" else filler.start_event_round(**kw)
 
     def close_round(rnd, trained):
@@ -218,14 +218,14 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
         engine = SimulatedRollouts(outcome, args.engine_seqs, step, seed=args.seed)
         driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=args.window or None,
                               max_staleness=getattr(args, "max_staleness", 1), **detect)
-        rnd = open_round(carry={}, final=rounds == 1)
+        rnd = open_round(carry={}, wait_for_groups=rounds == 1)
         driver.start(rnd)
         while i < rounds:
             trained = driver.run(lambda r: r.info["success"]).trained
             train_s = close_round(rnd, trained)
             i += 1
             if i < rounds and not pacer.finished:  # the next round starts generating before this one trains
-                rnd = open_round(carry=driver.carry, final=i + 1 == rounds)
+                rnd = open_round(carry=driver.carry, wait_for_groups=i + 1 == rounds)
                 driver.start(rnd)
             if trained:  # an empty round advances the scheduler without a policy update
                 engine.run_for(train_s)

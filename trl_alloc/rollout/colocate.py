@@ -1,0 +1,105 @@
+"""Rollouts from the vLLM engine TRL's colocate mode already holds (`trainer.vllm_generation.llm`, a `vllm.LLM`):
+the rollout engine of `rollout.events` on one GPU, with no second copy of the model. The engine is driven step by
+step in the calling thread -- `llm_engine.add_request`, `step()`, `abort_request` -- so nothing runs while the
+trainer trains, and rollouts still in flight when a round closes simply wait, with their KV cache, for the next
+`step()` (on the weights loaded meanwhile: stream mode's carry-over).
+
+    rollouts = VLLMColocateRollouts(trainer.vllm_generation.llm, temperature=1.0)
+    rids = rollouts.submit(prompt_ids, n=4, max_tokens=64, tag=pid, detect_at=16)
+    batch = rollouts.next_completed()          # steps the engine until at least one rollout ends
+    rollouts.abort(rids)                       # aborted in the engine at once
+    rollouts.close()                           # aborts what is in flight; the LLM stays TRL's
+
+The quality head scores in the engine through trl-alloc's worker extension, added to the engine's worker class as
+vLLM adds a `worker_extension_cls` (`extend_worker`), and called through `LLM.collective_rpc`.
+"""
+
+from __future__ import annotations
+
+from .events import StreamedRollouts
+
+
+def engine_worker(llm):
+    """The in-process worker of a colocate `LLM` (TRL builds it with `distributed_executor_backend=
+    "external_launcher"`: one worker, in this process)."""
+    executor = llm.llm_engine.model_executor
+    worker = getattr(executor, "driver_worker", None)
+    worker = getattr(worker, "worker", worker)
+    if worker is None:
+        raise RuntimeError("the colocate vLLM engine has no in-process worker (llm.llm_engine.model_executor."
+                           "driver_worker); trl-alloc's colocate rollouts need TRL's colocate mode "
+                           "(distributed_executor_backend='external_launcher').")
+    return worker
+
+
+def extend_worker(llm):
+    """Give the colocate engine's worker trl-alloc's worker extension (`serving.worker_extension`): its class gains
+    the extension as a base, which is what vLLM does for `--worker-extension-cls` when it builds a worker."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from ..serving.protocol import EXTENSION_CLS
+
+    extension = resolve_obj_by_qualname(EXTENSION_CLS)
+    cls = type(engine_worker(llm))
+    if extension not in cls.__mro__:
+        cls.__bases__ = cls.__bases__ + (extension,)
+    return llm
+
+
+class VLLMColocateRollouts(StreamedRollouts):
+    """Rollouts of a colocate `LLM` (module docstring); `extra`: more `SamplingParams` fields."""
+
+    def __init__(self, llm, temperature=1.0, top_p=1.0, top_k=0, seed=None, extra=None, quality_head=None):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        self.llm, self.seed, self._sampling = llm, seed, SamplingParams
+        self._params = dict(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k) if top_k else -1,
+                            n=1, logprobs=0, output_kind=RequestOutputKind.DELTA, **(extra or {}))
+        self._by_request, self.steps = {}, 0  # engine request id -> rollout; engine steps taken
+        if quality_head is not None:
+            extend_worker(llm)
+        super().__init__(request_timeout=None, quality_head=quality_head)
+
+    def _rpc(self, method, *args):
+        return self.llm.collective_rpc(method, args=args)[0]
+
+    def _start(self, r, cancel):
+        params = self._sampling(max_tokens=r.max_tokens, **self._params,
+                                **({} if self.seed is None else {"seed": int(self.seed) + r.rid}))
+        request_id = f"cmpl-{self.request_id(r.rid)}-0"  # the form the worker's scores are keyed by
+        self._by_request[request_id] = r
+        self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": r.prompt_ids}, params)
+
+    def step(self):
+        """One engine step; its new tokens go to their rollouts (ended ones are delivered)."""
+        self.steps += 1
+        for out in self.llm.llm_engine.step():
+            r = self._by_request.get(out.request_id)
+            if r is None:  # not ours (nothing else should run on the engine meanwhile)
+                continue
+            c = out.outputs[0]
+            logprobs = [d[t].logprob if d and t in d else None for t, d in zip(c.token_ids, c.logprobs or [])]
+            self._extend(r, list(c.token_ids), logprobs, c.finish_reason)
+            if out.finished:
+                self._by_request.pop(out.request_id, None)
+                self._finish(r)
+
+    def next_completed(self, timeout=None):
+        """Steps the engine until a rollout ends (or reaches its detection point); `timeout` is not needed: the
+        engine runs in this thread."""
+        while self._done.empty() and self.in_flight:
+            self.step()
+        return super().next_completed(timeout=None)
+
+    def _stop(self, rid):
+        request_id = f"cmpl-{self.request_id(rid)}-0"
+        r = self._by_request.pop(request_id, None)
+        if r is None:
+            return
+        self.llm.llm_engine.abort_request([request_id])
+        r.finish_reason = "abort"
+        self._finish(r)
+
+
+__all__ = ["VLLMColocateRollouts", "engine_worker", "extend_worker"]
