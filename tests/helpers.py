@@ -66,7 +66,7 @@ def make_args(output_dir, **overrides):
 
     kw = dict(output_dir=output_dir, per_device_train_batch_size=8, num_generations=4, max_completion_length=3,
               learning_rate=1e-3, logging_steps=1, report_to=[], bf16=False, use_cpu=True,
-              gradient_checkpointing=False, save_strategy="no", seed=0, temperature=1.0)
+              gradient_checkpointing=False, save_strategy="no", seed=0, temperature=1.0, rollout_mode="deterministic")
     kw.update(overrides)
     return AllocGRPOConfig(**kw)
 

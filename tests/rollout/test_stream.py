@@ -168,3 +168,25 @@ def test_engine_model_stream_rows_add_up():
     generation_only = simulate_engine("uniform", "sync", argparse.Namespace(
         **{**vars(args), "train_ms_per_token": 0.0, "sync_s": 0.0}), 6)
     assert sync["engine_s"] == pytest.approx(generation_only["engine_s"] + sync["train_s"] + 6 * 1.0)
+
+
+def test_engine_model_colocate_overlaps_nothing():
+    """plan.py --colocate: one GPU generates and trains in turn, so a stream overlaps nothing (its wall clock is its
+    generation plus every round's training and push), and its rounds wait for their groups: only a filler's
+    surplus, running when the round has its groups, is carried."""
+    args = argparse.Namespace(prompts=600, rounds=40, budget=8000, unit_size=4, units_per_group=2, capacity=60,
+                              tau_low=0.45, history_decay=1.0, drift=1.5, seed=0, engine_seqs=64, step_ms=25.0,
+                              length_median=300.0, length_sigma=0.6, max_tokens=1024, window=64, detect_length=128,
+                              train_gpus=1, train_ms_per_token=0.5, sync_s=1.0, max_staleness=2, colocate=True)
+    for method in ("uniform", "cero+sara"):
+        stream = simulate_engine(method, "stream", args, 6)
+        assert stream["rounds"] == 6 and max(stream["staleness"]) <= 2
+        generation_only = simulate_engine(method, "stream", argparse.Namespace(
+            **{**vars(args), "train_ms_per_token": 0.0, "sync_s": 0.0}), 6)
+        trained_rounds = 6  # every round of these two trains (a group commits in each)
+        assert stream["engine_s"] >= stream["train_s"] + trained_rounds * 1.0
+        if method == "uniform":  # full groups: nothing runs past a round's groups, so nothing is carried
+            assert stream["carried"] == 0 and set(stream["staleness"]) == {0}
+            assert stream["engine_s"] == pytest.approx(generation_only["engine_s"] + stream["train_s"] + 6 * 1.0)
+    server = simulate_engine("uniform", "stream", argparse.Namespace(**{**vars(args), "colocate": False}), 6)
+    assert server["engine_s"] < simulate_engine("uniform", "stream", args, 6)["engine_s"]  # a server overlaps

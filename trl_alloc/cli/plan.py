@@ -13,7 +13,9 @@ GPU-seconds per effective group, and the idle share of the engine. GPU-hours, no
 is in the loop: a round trains for its trained tokens × --train_ms_per_token / --train_gpus, then pushes
 its weights (--sync_s); synchronous and event rounds leave the engine idle meanwhile, the stream rows
 (rollout_mode="stream": carry-over, the next round generating while this one trains, --engine_staleness
-bounds) keep it decoding. GPU-seconds count every GPU, training ones included. The --engine_prune methods
+bounds) keep it decoding. GPU-seconds count every GPU, training ones included. With --colocate, one GPU generates and trains in turn
+(TRL's colocate mode): nothing overlaps, and the stream rows only carry what runs past a round's groups. The
+--engine_prune methods
 run once more with pruning in the stream at --detect_length tokens (random at κ = --prune_keep: the
 compute ARROL's aborts free, without the head's selection).
 """
@@ -76,13 +78,14 @@ def engine_table(args):
     for name, (method, mode, keep, s) in runs.items():
         rows[name] = simulate_engine(method, mode, argparse.Namespace(**{**vars(args), "max_staleness": s or 1}),
                                      args.engine_rounds, keep)
-    gpus = args.gpus_per_engine + args.train_gpus
+    gpus = 1 if args.colocate else args.gpus_per_engine + args.train_gpus
     print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step (+ "
           f"{getattr(args, 'step_ms_per_seq', 0.0):g} ms per "
           f"running sequence), lengths median "
           f"{args.length_median:g} (σ {args.length_sigma:g}) cut at {args.max_tokens}, window {args.window}, "
           f"first {args.engine_rounds} rounds; training {args.train_ms_per_token:g} ms per trained token on each of "
-          f"{args.train_gpus} GPUs, weight push {args.sync_s:g} s; GPU-s = wall × {gpus} GPUs; pruning: random at "
+          f"{args.train_gpus} GPUs, weight push {args.sync_s:g} s; GPU-s = wall × {gpus} GPUs"
+          f"{' (colocate: one GPU generates and trains in turn)' if args.colocate else ''}; pruning: random at "
           f"κ = {args.prune_keep:g} at {args.detect_length} tokens")
     cols = ("s/round", "train s/round", "GPU-s/eff", "responses/eff", "tokens/eff", "aborted", "carried", "stale",
             "pruned", "idle")
@@ -137,10 +140,15 @@ def main(argv=None):
     parser.add_argument("--train_ms_per_token", type=float, default=0.55,
                         help="training ms per trained token on one GPU (old log-probs + update; docs/benchmarks.md)")
     parser.add_argument("--sync_s", type=float, default=1.0, help="one weight push to the engine (s)")
+    parser.add_argument("--colocate", action="store_true",
+                        help="TRL's colocate mode: one GPU generates and trains in turn (sets --train_gpus 1 and "
+                        "--gpus_per_engine 1; the engine is paused while the trainer trains, also in stream rows)")
     parser.add_argument("--engine_staleness", default="1,2",
                         help="max_staleness values of the stream rows ('' skips them)")
     parser.add_argument("--output_dir", default="outputs/plan")
     args = parser.parse_args(argv)
+    if args.colocate:
+        args.train_gpus = args.gpus_per_engine = 1
     args.window = args.window or args.engine_seqs
     os.makedirs(args.output_dir, exist_ok=True)
     results, reference = {}, None

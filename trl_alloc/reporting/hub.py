@@ -18,7 +18,7 @@ SETTING_KEYS = ("pacing", "filling", "pruning", "rollout_budget", "num_rounds", 
                 "init_price", "probe", "tau_low", "commit_min", "history_decay", "max_generation_batches",
                 "detect_length", "keep_ratio", "target_ratio", "learning_rate", "loss_type", "beta", "epsilon",
                 "epsilon_high", "max_completion_length", "temperature", "seed", "success_reward_funcs",
-                "success_threshold")
+                "success_threshold", "rollout_mode", "rollout_mode_reason", "max_staleness")
 
 
 def _template_path():

@@ -173,7 +173,9 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
     `allocation.simulate.DriftingPool`, response lengths lognormal (median `args.length_median`, σ
     `args.length_sigma`) cut at `args.max_tokens`. Training a round takes its trained tokens ×
     `args.train_ms_per_token` / `args.train_gpus`, then `args.sync_s` for the weight push; sync and events
-    leave the engine idle meanwhile, stream lets it decode through the training (the push pauses it).
+    leave the engine idle meanwhile, stream lets it decode through the training (the push pauses it). With
+    `args.colocate` (TRL's colocate mode: one GPU generates and trains in turn) the engine is paused while the
+    trainer trains in every mode, and stream rounds wait for their groups, carrying only what runs past them.
     `prune_keep` (events): pruning in the stream at `args.detect_length` tokens, each cohort's rollouts kept
     with probability κ = prune_keep (random pruning: ARROL's compute saving without its selection). Returns
     wall seconds, responses, tokens, effective groups, aborted / carried / stale / pruned rollouts, the
@@ -181,7 +183,7 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
     pacer, filler, filling = build_method(method, args)
     pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
     train_ms, train_gpus = getattr(args, "train_ms_per_token", 0.0), max(getattr(args, "train_gpus", 1), 1)
-    sync_s = getattr(args, "sync_s", 0.0)
+    sync_s, colocate = getattr(args, "sync_s", 0.0), bool(getattr(args, "colocate", False))
     total = dict.fromkeys(("engine_s", "train_s", "responses", "tokens", "trained_tokens", "aborted", "carried",
                            "stale_aborted", "pruned", "effective_groups", "busy_s", "slot_s"), 0)
     total["staleness"] = collections.Counter()
@@ -218,19 +220,26 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
         engine = SimulatedRollouts(outcome, args.engine_seqs, step, seed=args.seed)
         driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=args.window or None,
                               max_staleness=getattr(args, "max_staleness", 1), **detect)
-        rnd = open_round(carry={}, wait_for_groups=rounds == 1)
+        rnd = open_round(carry={}, wait_for_groups=colocate or rounds == 1)
         driver.start(rnd)
         while i < rounds:
             trained = driver.run(lambda r: r.info["success"]).trained
             train_s = close_round(rnd, trained)
             i += 1
-            if i < rounds and not pacer.finished:  # the next round starts generating before this one trains
+            more = i < rounds and not pacer.finished
+            if more and not colocate:  # the next round starts generating before this one trains
                 rnd = open_round(carry=driver.carry, wait_for_groups=i + 1 == rounds)
                 driver.start(rnd)
             if trained:  # an empty round advances the scheduler without a policy update
-                engine.run_for(train_s)
-                engine.pause_for(sync_s)
+                if colocate:  # one GPU: the engine waits for the trainer
+                    engine.pause_for(train_s + sync_s)
+                else:
+                    engine.run_for(train_s)
+                    engine.pause_for(sync_s)
                 driver.push()
+            if more and colocate:  # its fresh rollouts start on the new weights
+                rnd = open_round(carry=driver.carry, wait_for_groups=True)
+                driver.start(rnd)
             total["train_s"] += train_s
             if pacer.finished or i >= rounds:
                 break

@@ -9,9 +9,11 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+import torch
 from trl import GRPOConfig
 
 from ..allocation.registry import cero_family, method_names
+from .rollout_mode import choose_rollout_mode
 
 # the stage names, as the registry holds them (allocation.registry)
 PACINGS, FILLINGS, PRUNINGS = method_names("pacing"), method_names("filling"), method_names("pruning")
@@ -108,8 +110,11 @@ class AllocGRPOConfig(GRPOConfig):
         "help": "Dynamic sampling: generation batches allowed per round before the run fails (DAPO's cap)."})
 
     # Rollouts (docs/architecture.md: the event-driven round)
-    rollout_mode: str = field(default="deterministic", metadata={
-        "help": "'deterministic': each round is a sequence of batched generation calls (bit-exact for a seed). "
+    rollout_mode_reason = None  # why rollout_mode="auto" chose what it did (set by __post_init__)
+    rollout_mode: str = field(default="auto", metadata={
+        "help": "'auto': the mode measured faster for this run (trainer/rollout_mode.py: deterministic without a GPU "
+        "vLLM engine, stream on a vLLM server or colocate GPU with an adaptive filler, events with pruning). "
+        "'deterministic': each round is a sequence of batched generation calls (bit-exact for a seed). "
         "'events': rollouts are started within a window and decided on one at a time as they end, the surplus "
         "aborted (vLLM server mode streams them; transformers generation batches what is pending). 'stream': one "
         "stream across rounds: a round closes once it has its groups or has started its budget, its unfinished "
@@ -172,7 +177,10 @@ class AllocGRPOConfig(GRPOConfig):
                          ("sara_safety_factor", 1), ("max_generation_batches", 1), ("knapsack_min_n", 1)):
             if int(getattr(self, name)) < lo:
                 raise ValueError(f"`{name}` must be >= {lo}, got {getattr(self, name)}.")
-        _check_choice("rollout_mode", self.rollout_mode, ("deterministic", "events", "stream"))
+        _check_choice("rollout_mode", self.rollout_mode, ("auto", "deterministic", "events", "stream"))
+        if self.rollout_mode == "auto":  # the choice and its reason go to the log and the model card
+            cuda = torch.cuda.is_available() and not self.use_cpu
+            self.rollout_mode, self.rollout_mode_reason = choose_rollout_mode(self, cuda)
         if int(self.max_staleness) < 1:
             raise ValueError(f"`max_staleness` must be >= 1, got {self.max_staleness}: a stream's rollouts started "
                              "while a round trains are one version old (rollout_mode='events' stays on-policy).")

@@ -144,7 +144,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             use_inplace_colocate_push(self)  # (TRL's own colocate push fails on vLLM-CPU)
         if self._is_vlm or "image" in train_dataset.column_names or "images" in train_dataset.column_names:
             raise ValueError(f"{type(self).__name__} supports text prompts only.")
-        self._stream_notice()
+        self._rollout_mode_notice()
         if server_mode and self.accelerator.is_main_process:  # before the first push: the same architecture?
             self.vllm_generation.vllm_client.check_serves(self.accelerator.unwrap_model(self.model).config)
 

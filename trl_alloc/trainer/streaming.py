@@ -41,8 +41,11 @@ def _plain(rollouts):
 class EventRoundMixin:
     """`_run_event_round`: one round in events mode (module docstring)."""
 
-    def _stream_notice(self):
+    def _rollout_mode_notice(self):
         args = self.args
+        if args.rollout_mode_reason and self.accelerator.is_main_process:
+            print(f"[trl-alloc] rollout_mode='auto' chose {args.rollout_mode!r}: {args.rollout_mode_reason} "
+                  "(trainer/rollout_mode.py; set --rollout_mode to choose).")
         if args.rollout_mode == "stream" and not self.use_vllm and self.accelerator.is_main_process:
             print("[trl-alloc] rollout_mode='stream' without a vLLM server: generation cannot overlap training, and "
                   "rows carried across a round get no importance-sampling correction (no sampling log-probs); "
@@ -207,10 +210,10 @@ class StreamRoundMixin:
         """The close's state for checkpoints, then the next round opens at once (its rollouts run while this one
         trains), or the stream ends with the budget."""
         self._stream_state = self.engine.snapshot() if self.accelerator.is_main_process else None
-        if not summary["finished"] and self._stream_rounds_left() > 0:
-            self._open_stream_round()
-        else:
+        if summary["finished"] or self._stream_rounds_left() <= 0:
             self._end_stream()
+        elif not self.colocate:  # (colocate: the engine would not step before the push; opened after it)
+            self._open_stream_round()
 
     def _end_stream(self):
         if self._stream is not None:  # (main process) spent by the rounds that started them, never trained
@@ -221,7 +224,7 @@ class StreamRoundMixin:
 
     def stream_note(self):
         """What became of the stream's rollouts at a checkpoint (None outside stream mode)."""
-        if not self._stream_open or self._stream is None:
+        if self._stream is None:
             return None
         d = self._stream
         return {"in_flight": len(d.live) + len(d.replay), "open_groups": len(d.carry),

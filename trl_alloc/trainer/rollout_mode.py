@@ -1,0 +1,43 @@
+"""`rollout_mode="auto"`: the rollout mode that is faster for this run, from what the config already says (backend,
+device, filler, pruning, completion cap), chosen by the figures in docs/benchmarks.md. Deterministic wherever
+events or stream were not measured to pay, since it is also the bit-exact one.
+
+| run | auto picks | why (GPU-s per effective group, docs/benchmarks.md) |
+|---|---|---|
+| no vLLM (transformers generation) | deterministic | nothing overlaps; stream learned less on the demo |
+| vLLM on a CPU | deterministic | live CPU server: events and stream not faster than stock's synchronous calls |
+| completions capped at <= 32 tokens | deterministic | one request per rollout costs more than it saves (2.48x) |
+| vLLM server on GPUs | stream | engine model: CERO+SARA 13.33 vs 36.37 events, stock 13.86 vs 24.61 |
+| ... with pruning | events | stream does not prune yet |
+| vLLM colocate on one GPU, filling full | deterministic | full groups: one call either way |
+| vLLM colocate on several processes | deterministic | events and stream run on one process for now |
+| vLLM colocate, adaptive filling | stream | engine model, one GPU: CERO+SARA 5.59 vs 7.18 events, 15.79 sync |
+| ... with pruning or sleep mode | events | stream does not prune; sleep mode drops the carried KV cache |
+"""
+
+SHORT_COMPLETIONS = 32  # tokens: at or below this cap, one streamed request per rollout does not pay
+
+
+def choose_rollout_mode(args, cuda):
+    """(mode, reason) for `args` (an `AllocGRPOConfig` whose rollout_mode is "auto"); `cuda`: GPUs are in use."""
+    if not args.use_vllm:
+        return "deterministic", "transformers generation: nothing overlaps, and the run stays bit-exact"
+    if not cuda:
+        return "deterministic", "vLLM on a CPU: events and stream were not faster than synchronous calls there"
+    if args.vllm_mode == "colocate" and args.world_size > 1:
+        return "deterministic", "colocate on several processes: events and stream run on one process for now"
+    if args.max_completion_length <= SHORT_COMPLETIONS:
+        return "deterministic", (f"completions of at most {args.max_completion_length} tokens: one request per rollout "
+                                 "costs more than event-driven filling saves")
+    if args.vllm_mode == "colocate" and args.filling == "full":
+        return "deterministic", "colocate with full groups: one generation call either way, nothing to overlap"
+    if args.pruning != "none":
+        return "events", "pruning runs inside the event stream (stream mode does not prune yet)"
+    if args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode:
+        return "events", "colocate with sleep mode: a stream's carried rollouts would lose their KV cache"
+    if args.vllm_mode == "colocate":
+        return "stream", "one GPU: carried rollouts replace the wait for a round's stragglers (engine model 0.71x stock)"
+    return "stream", "vLLM server: the engine generates while the trainer trains (engine model 0.54x stock)"
+
+
+__all__ = ["choose_rollout_mode"]
