@@ -35,3 +35,32 @@ def test_bench_rollout_runs_and_compares_the_two_scoring_paths(tmp_path, capsys)
     assert saved["calibration"]["a_s"] + saved["calibration"]["b_s"] > 0 and len(saved["calibration"]["points"]) >= 3
     assert all(s["model_s_per_round"] >= 0.2 for s in out.values())
     assert "| stock_stream |" in (tmp_path / "out" / "bench_rollout.md").read_text().split("Engine model")[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_bench_rollout_on_the_colocate_engine(tmp_path):
+    """`--backend colocate`: the same methods on the vllm.LLM TRL's colocate mode builds, in the bench's process
+    (run as a script: the engine holds process-wide state); ARROL scores in that engine too."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    build_served_model(str(tmp_path / "model"))
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_rollout.py"), "--backend", "colocate",
+           "--model", str(tmp_path / "model"), "--dataset", "builtin:arithmetic", "--levels", "1", "--rounds", "2",
+           "--groups", "2", "--num_generations", "4", "--max_completion_length", "8", "--detect_length", "3",
+           "--cold_start", "0", "--gpu_memory_utilization", "0.1", "--max_model_len", "128",
+           "--methods", "stock,stock_arrol_events,cero_sara_events,cero_sara_stream", "--train_s", "0.2",
+           "--output_dir", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.load(open(tmp_path / "out" / "bench_rollout.json"))["summary"]
+    assert out["stock"]["responses"] == 16 and out["stock"]["aborted"] == 0 and out["stock"]["rounds"] == 2
+    assert out["stock_arrol_events"]["responses"] == 16
+    scoring = out["stock_arrol_events"]["scoring"]  # the colocate engine's scores vs the trainer-side forward
+    assert scoring["scored"] >= 1 and scoring["max_abs_score_diff"] < 0.05
+    for name in ("cero_sara_events", "cero_sara_stream"):
+        assert 0 < out[name]["responses"] <= 16 and out[name]["s_per_round"] >= 0.2

@@ -38,6 +38,51 @@ ROLLOUT_METHODS = {
 }
 
 
+class ServerBackend:
+    """Rollouts as streamed requests to a vLLM server; occupancy from its `/metrics`."""
+
+    colocate = False
+
+    def __init__(self, base_url):
+        self.base_url = base_url
+
+    def rollouts(self, config, window, quality_head=None):
+        return VLLMServerRollouts(self.base_url, temperature=config.temperature, top_p=config.top_p,
+                                  max_inflight=window, request_timeout=600, quality_head=quality_head)
+
+    def monitor(self, window):
+        return EngineMonitor(self.base_url, window)
+
+
+class ColocateBackend:
+    """Rollouts of a colocate `vllm.LLM` in this process (`rollout.colocate`), stepped by the driver: the engine only
+    runs while a round polls it (no occupancy gauge: idle and occupancy are reported as NaN)."""
+
+    colocate = True
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def rollouts(self, config, window, quality_head=None):
+        from ..rollout.colocate import VLLMColocateRollouts
+
+        return VLLMColocateRollouts(self.llm, temperature=config.temperature, top_p=config.top_p,
+                                    quality_head=quality_head)
+
+    def monitor(self, window):
+        return _NoMonitor()
+
+
+class _NoMonitor:
+    active, idle, occupancy = False, float("nan"), float("nan")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
 class EngineMonitor:
     """Samples the server's running-request gauge every `period` s while active: `idle` is the share of
     samples with nothing running, `occupancy` the mean running requests over `slots`."""
@@ -78,8 +123,9 @@ class EngineMonitor:
         return float(np.mean(self.samples) / self.slots) if self.samples else float("nan")
 
 
-def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_prompts, hidden_size=None, train_s=0.0):
-    """`rounds` rounds of `method` (a ROLLOUT_METHODS name) on the server; the policy stays fixed.
+def run_rounds(method, config, backend, prompt_ids_of, score, rounds, num_prompts, hidden_size=None, train_s=0.0):
+    """`rounds` rounds of `method` (a ROLLOUT_METHODS name) on `backend` (`ServerBackend` or `ColocateBackend`); the
+    policy stays fixed.
 
     config: an `AllocGRPOConfig` with the method's pacing, filling (and pruning); prompt_ids_of(pid) -> token
     ids; score(rollout) -> its success (1/0); hidden_size: the served model's (for the quality head); train_s:
@@ -87,7 +133,7 @@ def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_promp
     and, with pruning, the scored snapshots of the last round."""
     mode = ROLLOUT_METHODS[method][2]
     if mode == "stream":
-        return _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, train_s)
+        return _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, train_s)
     events = mode == "events"
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
     pruner = None if config.pruning == "none" else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
@@ -100,16 +146,14 @@ def run_rounds(method, config, base_url, prompt_ids_of, score, rounds, num_promp
         return pruner.decide_snapshots(snaps, engine.current_round)
 
     completed, score = _recording(score)
-    with EngineMonitor(base_url, window) as monitor:
+    with backend.monitor(window) as monitor:
         for _ in range(rounds):
             if engine.pacer.finished:
                 break
             t0 = time.perf_counter()
             engine.start_round(events=events)
             allocator = engine if events else BatchedEventRound(engine.current_round)
-            rollouts = VLLMServerRollouts(base_url, temperature=config.temperature, top_p=config.top_p,
-                                          max_inflight=window, request_timeout=600,
-                                          quality_head=None if pruner is None else pruner.head)
+            rollouts = backend.rollouts(config, window, None if pruner is None else pruner.head)
             snapshots.clear()
             head_state = None if pruner is None else {k: v.clone() for k, v in pruner.head.state_dict().items()}
             monitor.active = True
@@ -146,21 +190,22 @@ def _recording(score):
     return completed, scored
 
 
-def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, train_s):
-    """`run_rounds` as one stream across rounds: the next round opens and submits before the trainer's step."""
+def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, train_s):
+    """`run_rounds` as one stream across rounds: the next round opens and submits before the trainer's step (on a
+    colocate engine, which idles meanwhile, after it; and each round waits for its groups)."""
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
     engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan)
     window = config.rollout_max_inflight or config.generation_batch_size
-    rollouts = VLLMServerRollouts(base_url, temperature=config.temperature, top_p=config.top_p, max_inflight=window,
-                                  request_timeout=600)
+    rollouts = backend.rollouts(config, window)
     driver = StreamDriver(rollouts, prompt_ids_of, config.max_completion_length, window, timeout=600,
                           max_staleness=config.max_staleness)
     per_round, staleness = [], []
     completed, score = _recording(score)
-    with EngineMonitor(base_url, window) as monitor:
+    wait = backend.colocate
+    with backend.monitor(window) as monitor:
         monitor.active = True
         try:
-            engine.start_round(True, carry=driver.carry, wait_for_groups=rounds == 1)
+            engine.start_round(True, carry=driver.carry, wait_for_groups=wait or rounds == 1)
             driver.start(engine.current_round)
             for i in range(rounds):
                 t0, spent0, tokens0, aborted0 = time.perf_counter(), driver.spent, driver.tokens, driver.aborted
@@ -168,11 +213,15 @@ def _run_stream(config, base_url, prompt_ids_of, score, rounds, num_prompts, tra
                 summary = engine.finish_round()
                 staleness.extend(row["staleness"] for row in driver.trained)
                 stats = summary["stats"]
-                if i + 1 < rounds and not engine.pacer.finished:
+                more = i + 1 < rounds and not engine.pacer.finished
+                if more and not backend.colocate:
                     engine.start_round(True, carry=driver.carry, wait_for_groups=i + 2 == rounds)
                     driver.start(engine.current_round)
-                time.sleep(train_s)  # the trainer's step: the engine generates meanwhile
+                time.sleep(train_s)  # the trainer's step: a server generates meanwhile
                 driver.push()
+                if more and backend.colocate:
+                    engine.start_round(True, carry=driver.carry, wait_for_groups=True)
+                    driver.start(engine.current_round)
                 per_round.append({"s": time.perf_counter() - t0, "responses": stats["responses"],
                                   "tokens": driver.tokens - tokens0, "aborted": driver.aborted - aborted0,
                                   "pruned": 0, "effective_groups": stats["effective_groups"],
@@ -274,4 +323,4 @@ def summarise(result):
             "s_per_eff": per(total["s"]), "idle": result["idle"], "occupancy": result["occupancy"]}
 
 
-__all__ = ["ROLLOUT_METHODS", "EngineMonitor", "run_rounds", "summarise", "measure_step_time", "predict_rounds"]
+__all__ = ["ROLLOUT_METHODS", "ServerBackend", "ColocateBackend", "EngineMonitor", "run_rounds", "summarise", "measure_step_time", "predict_rounds"]

@@ -31,6 +31,7 @@ score difference.
     python scripts/bench_rollout.py                       # SmolLM2-135M-Instruct on builtin:arithmetic-chat
     python scripts/bench_rollout.py --rounds 2 --methods stock,sara_sync,sara_events
     python scripts/bench_rollout.py --server_url http://127.0.0.1:8000 --model DIR   # an already running server
+    python scripts/bench_rollout.py --backend colocate   # TRL's colocate engine in this process (one GPU's way)
 """
 
 import argparse
@@ -41,7 +42,8 @@ import time
 
 from ..allocation.engine import json_default
 from ..benchmarks.measure import parse_choices
-from ..benchmarks.rollout import ROLLOUT_METHODS, measure_step_time, predict_rounds, run_rounds, summarise
+from ..benchmarks.rollout import (ROLLOUT_METHODS, ColocateBackend, ServerBackend, measure_step_time, predict_rounds,
+                                  run_rounds, summarise)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -61,6 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--detect_length", type=int, default=24, help="ARROL's detection point (tokens)")
     p.add_argument("--cold_start", type=int, default=1, help="ARROL: rounds before pruning starts")
+    p.add_argument("--backend", default="server", choices=["server", "colocate"],
+                   help="server: a vLLM server (started, or --server_url); colocate: the vllm.LLM TRL's colocate "
+                   "mode builds, in this process, stepped by the rounds (nothing runs during --train_s)")
     p.add_argument("--server_url", default=None, help="use this running server instead of starting one")
     p.add_argument("--gpu_memory_utilization", type=float, default=0.3)
     p.add_argument("--max_model_len", type=int, default=1024)
@@ -72,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--output_dir", default="bench_rollout")
     args = p.parse_args(argv)
     args.methods = parse_choices(p, args.methods, ROLLOUT_METHODS, "method")
+    if args.backend == "colocate" and (args.calibrate or args.server_url):
+        p.error("--calibrate and --server_url measure a vLLM server; drop them with --backend colocate.")
     return args
 
 
@@ -120,6 +127,19 @@ def compare_scoring(model_dir, snaps, last_round, head_state, pad_id):
             "trainer_s_per_scored": trainer_s / len(snaps), "max_abs_score_diff": float(diff.max())}
 
 
+def colocate_llm(model_dir, tok, args):
+    """The `vllm.LLM` TRL's colocate mode builds (`trl.generation.vllm_generation.VLLMGeneration`), on this device."""
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return VLLMGeneration(model, Accelerator(cpu=not torch.cuda.is_available()), tok, mode="colocate",
+                          gpu_memory_utilization=args.gpu_memory_utilization, max_model_length=args.max_model_len,
+                          max_completion_length=args.max_completion_length).llm
+
+
 def main(argv=None):
     import contextlib
 
@@ -151,13 +171,19 @@ def main(argv=None):
                      answer=[row["answer"]])
         return float(got[0] >= 0.5)
 
-    server = (contextlib.nullcontext(type("S", (), {"url": args.server_url})) if args.server_url else
-              start_server(model_dir, timeout=900, gpu_memory_utilization=args.gpu_memory_utilization,
-                           max_model_len=args.max_model_len, env={"HF_HUB_OFFLINE": "1"}))
+    if args.backend == "colocate":
+        server = contextlib.nullcontext(type("S", (), {"url": None}))
+    elif args.server_url:
+        server = contextlib.nullcontext(type("S", (), {"url": args.server_url}))
+    else:
+        server = start_server(model_dir, timeout=900, gpu_memory_utilization=args.gpu_memory_utilization,
+                              max_model_len=args.max_model_len, env={"HF_HUB_OFFLINE": "1"})
     results, raw = {}, {}
     t_all = time.perf_counter()
     fit = None
     with server as s, tempfile.TemporaryDirectory() as tmp:
+        backend = ColocateBackend(colocate_llm(model_dir, tok, args)) if args.backend == "colocate" else \
+            ServerBackend(s.url)
         if args.calibrate:
             window = args.max_inflight or args.groups * args.num_generations
             fit = measure_step_time(s.url, prompt_ids_of(0), running=sorted({1, 8, 16, 32, window}))
@@ -165,7 +191,7 @@ def main(argv=None):
                   f"(points: {[(n, round(t * 1e3, 1)) for n, t in fit['points']]} ms)", flush=True)
         for method in args.methods:
             t0 = time.perf_counter()
-            raw[method] = run_rounds(method, method_config(method, args, tmp), s.url, prompt_ids_of, score,
+            raw[method] = run_rounds(method, method_config(method, args, tmp), backend, prompt_ids_of, score,
                                      args.rounds, len(ds), hidden_size=hidden_size, train_s=args.train_s)
             snapshots, head_state = raw[method].pop("snapshots"), raw[method].pop("head_state")
             results[method] = summarise(raw[method])

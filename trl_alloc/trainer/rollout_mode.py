@@ -11,7 +11,7 @@ events or stream were not measured to pay, since it is also the bit-exact one.
 | ... with pruning | events | stream does not prune yet |
 | vLLM colocate on one GPU, filling full | deterministic | full groups: one call either way |
 | vLLM colocate on several processes | deterministic | events and stream run on one process for now |
-| vLLM colocate, adaptive filling | stream | engine model, one GPU: CERO+SARA 5.59 vs 7.18 events, 15.79 sync |
+| vLLM colocate, adaptive filling | stream | engine model, one GPU: CERO+SARA 5.65 vs 7.18 events, 15.79 sync, stock 7.92 |
 | ... with pruning or sleep mode | events | stream does not prune; sleep mode drops the carried KV cache |
 """
 
