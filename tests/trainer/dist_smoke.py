@@ -1,5 +1,6 @@
 """Launched by tests/test_trainer.py under `accelerate launch` (2 CPU processes): trains a few rounds and
-writes each rank's decisions to <out>/rank<r>.json, so the test can check all ranks acted identically."""
+writes each rank's decisions to <out>/rank<r>.json, so the test can check all ranks acted identically. With
+"colocate": true, every rank generates with its own vLLM colocate engine (the vLLM tests' model, from a folder)."""
 
 import json
 import os
@@ -7,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: helpers
 
-from helpers import make_args, tiny_setup  # noqa: E402
+from helpers import build_served_model, make_args, tiny_setup  # noqa: E402
 
 from transformers import TrainerCallback  # noqa: E402
 
@@ -37,11 +38,32 @@ class Checksums(TrainerCallback):
         self.sums.append(param_sum(self.trainer))
 
 
+def served_setup(model_dir):
+    """The vLLM tests' model (saved to `model_dir`, which TRL's colocate engine loads), its tokenizer, the "a+b="
+    pool and the first-digit reward."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    build_served_model(model_dir)
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+
+    def first_digit_reward(completions, answer, **kwargs):
+        return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
+
+    return (AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir),
+            Dataset.from_list(rows), first_digit_reward)
+
+
 def main():
     out, pacing, filling = sys.argv[1], sys.argv[2], sys.argv[3]
     extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     resume = extra.pop("resume_from_checkpoint", None)
-    model, tok, ds, reward = tiny_setup()
+    colocate = extra.pop("colocate", False)
+    if colocate:
+        model, tok, ds, reward = served_setup(os.path.join(out, f"tiny{os.environ.get('RANK', '0')}"))
+        extra.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1, generation_kwargs=None)
+    else:
+        model, tok, ds, reward = tiny_setup()
     kw = dict(pacing=pacing, filling=filling, num_rounds=3, rollout_budget=40, per_device_train_batch_size=4,
               gradient_accumulation_steps=2, save_strategy="steps", save_steps=2, max_generation_batches=50)
     args = make_args(os.path.join(out, "run"), **{**kw, **extra})
@@ -52,7 +74,8 @@ def main():
     trainer.train(resume_from_checkpoint=resume)
     rank = trainer.accelerator.process_index
     record = {"round_log": trainer.engine.round_log, "counters": trainer.engine.counters, "global_step": trainer.state.global_step,
-              "world": trainer.accelerator.num_processes, "param_sums": checks.sums}
+              "world": trainer.accelerator.num_processes, "param_sums": checks.sums,
+              "rank_rollouts": getattr(trainer, "colocate_rank_rollouts", None)}
     if trainer.accelerator.is_main_process:
         record["allocation_state"] = trainer.allocation_state()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:

@@ -10,6 +10,7 @@ from trl_alloc.trainer.config import AllocGRPOConfig  # noqa: E402
 
 # ---------------------------------------------------------------- helpers
 
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -222,13 +223,17 @@ def test_bad_dataset_and_pool_errors(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero,mode", [("zero2", "deterministic"), ("zero3", "deterministic"), ("zero3", "events"),
-                                       ("zero3", "stream")])
-def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode):
+@pytest.mark.parametrize("zero,mode,colocate", [("zero2", "deterministic", False), ("zero3", "deterministic", False),
+                                                ("zero3", "events", False), ("zero3", "stream", False),
+                                                ("zero2", "events", True), ("zero3", "stream", True)])
+def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode, colocate):
     """`accelerate launch` with 2 CPU processes: every rank logs the same decisions; budget is exact.
     probe=1 makes one-row requests, so some ranks have no share (ZeRO-3 pads, ZeRO-2 skips). In events mode
     the main process's event round drives batched generation on both ranks; in stream mode its stream does,
-    and every rank holds the open groups' rows until they commit."""
+    and every rank holds the open groups' rows until they commit. With vLLM colocate, each rank steps its own
+    engine on the rollouts the main process assigns it (rollout.colocate.RankedRollouts)."""
+    if colocate and importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
     import subprocess
     import sys
 
@@ -238,7 +243,8 @@ def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode):
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                os.path.join(root, "configs", "accelerate", f"{zero}.yaml"), "--main_process_port", "0",
                os.path.join(root, "tests", "trainer", "dist_smoke.py"), str(out), "cero", "sara",
-               json.dumps({"probe": 1, "commit_min": 3, "rollout_mode": mode, "rollout_max_inflight": 4, **extra})]
+               json.dumps({"probe": 1, "commit_min": 3, "rollout_mode": mode, "rollout_max_inflight": 4,
+                           "colocate": colocate, **extra})]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -250,6 +256,9 @@ def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode):
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == ranks[0]["counters"]["rounds"]
     state = ranks[0]["allocation_state"]
     assert ranks[0]["counters"]["responses"] == 40 - state["pacer"]["remaining_responses"] <= 40
+    if colocate:  # both ranks' engines ran the rollouts the main process assigned them, and nothing else
+        assert all(r["rank_rollouts"] > 0 for r in ranks)
+        assert sum(r["rank_rollouts"] for r in ranks) == ranks[0]["counters"]["responses"]
     sums = ranks[0]["param_sums"]  # before training, then after each round
     assert sums == ranks[1]["param_sums"] and len(sums) == len(ranks[0]["round_log"]) + 1
     for i, entry in enumerate(ranks[0]["round_log"]):  # a round without groups moves no parameter
@@ -258,7 +267,12 @@ def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode):
     assert saved["counters"]["rounds"] == 2
     if zero == "zero2":  # resuming on 2 ranks reproduces the uninterrupted run's decisions and weights
         resumed = launch(tmp_path / "resumed", resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
-        assert resumed[0]["round_log"] == resumed[1]["round_log"] == ranks[0]["round_log"][2:]
+        assert resumed[0]["round_log"] == resumed[1]["round_log"]
+        if colocate:  # a fresh engine samples anew after a resume: the ranks agree and the budget holds
+            spent = 40 - resumed[0]["allocation_state"]["pacer"]["remaining_responses"]
+            assert resumed[0]["counters"]["responses"] == spent <= 40 and resumed[0]["global_step"] == 3
+            return
+        assert resumed[0]["round_log"] == ranks[0]["round_log"][2:]
         assert resumed[0]["param_sums"][-1] == sums[-1]
         assert resumed[0]["allocation_state"]["pacer"] == state["pacer"]
 

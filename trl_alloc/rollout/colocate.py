@@ -102,4 +102,118 @@ class VLLMColocateRollouts(StreamedRollouts):
         self._finish(r)
 
 
-__all__ = ["VLLMColocateRollouts", "engine_worker", "extend_worker"]
+# ---------------------------------------------------------------------- several ranks, one engine each
+STOP = "stop"
+
+
+class RankEngine:
+    """On every rank: its own colocate engine (`VLLMColocateRollouts`), its rollouts known by the ids the main
+    process gave them. `apply(cmd)` runs one exchange's part on this rank: start the rollouts assigned to it,
+    abort the named ones, step the engine (at most `steps` times, stopping once one of its rollouts has ended),
+    close; returns ("ok", ended rollouts) or ("error", message)."""
+
+    def __init__(self, local, rank, steps=4):
+        self.local, self.rank, self.steps, self.ids = local, int(rank), int(steps), {}  # local rid -> global rid
+        self.started = 0  # rollouts started on this rank's engine
+
+    def apply(self, cmd):
+        try:
+            out = []
+            for rids, prompt_ids, max_tokens, tag in cmd.get("submit", {}).get(self.rank, ()):
+                self.ids.update(zip(self.local.submit(prompt_ids, n=len(rids), max_tokens=max_tokens, tag=tag), rids))
+                self.started += len(rids)
+            doomed = set(cmd.get("abort", {}).get(self.rank, ()))
+            if doomed:
+                out += self.local.abort([lid for lid, rid in self.ids.items() if rid in doomed])
+            if cmd.get("step"):
+                for _ in range(self.steps):
+                    if not self.local.in_flight or not self.local._done.empty():
+                        break
+                    self.local.step()
+            out += self._drain()
+            if cmd.get("close"):
+                self.local.close()
+            for r in out:
+                r.rid = self.ids.pop(r.rid)
+            return "ok", out
+        except Exception as exc:  # noqa: BLE001 -- reported to the main process, which raises it on every rank
+            return "error", f"rank {self.rank}: {type(exc).__name__}: {exc}"
+
+    def _drain(self):
+        out = []
+        while not self.local._done.empty():
+            out.append(self.local._done.get_nowait())
+        return out
+
+    def follow(self, broadcast, all_gather):
+        """A rank other than the main process: apply each command the main process broadcasts until it says stop."""
+        while (cmd := broadcast(None)) != STOP:
+            all_gather(self.apply(cmd))
+
+
+class RankedRollouts:
+    """The main process's rollout engine over every rank's colocate engine (multi-process colocate mode): each
+    submission (one prompt's cohort) goes to the rank with the fewest rollouts in flight, ended rollouts are
+    gathered from every rank at each exchange, and decisions stay here. `broadcast(obj)` and `all_gather(obj)`
+    are the process group's collectives; every other rank runs `RankEngine.follow` while the main process may
+    exchange, and `release()` ends that."""
+
+    def __init__(self, host, world_size, broadcast, all_gather):
+        self.host, self.world = host, int(world_size)
+        self._broadcast, self._all_gather = broadcast, all_gather
+        self._next_id, self._rank_of, self._pending = 0, {}, {}  # global rid -> rank; rank -> submissions
+        self.scored = 0
+        self.scoring_s = self.hook_s = 0.0
+
+    @property
+    def in_flight(self):
+        return len(self._rank_of)
+
+    def submit(self, prompt_ids, n=1, max_tokens=16, tag=None):
+        load = [0] * self.world
+        for rank in self._rank_of.values():
+            load[rank] += 1
+        rank = min(range(self.world), key=lambda i: (load[i], i))
+        rids = list(range(self._next_id, self._next_id + int(n)))
+        self._next_id += int(n)
+        self._rank_of.update(dict.fromkeys(rids, rank))
+        self._pending.setdefault(rank, []).append((rids, list(map(int, prompt_ids)), int(max_tokens), tag))
+        return rids
+
+    def _exchange(self, **cmd):
+        cmd["submit"], self._pending = self._pending, {}
+        self._broadcast(cmd)
+        results = self._all_gather(self.host.apply(cmd))
+        errors = [value for status, value in results if status == "error"]
+        if errors:
+            raise RuntimeError(f"a colocate rank's rollout engine failed: {errors[0]}")
+        out = [r for _, ended in results for r in ended]
+        for r in out:
+            self._rank_of.pop(r.rid, None)
+        return out
+
+    def next_completed(self, timeout=None):
+        """Exchanges (each rank steps its engine) until a rollout has ended on some rank."""
+        while self.in_flight:
+            out = self._exchange(step=True)
+            if out:
+                return out
+        return []
+
+    def abort(self, rids):
+        by_rank = {}
+        for rid in rids:
+            if rid in self._rank_of:
+                by_rank.setdefault(self._rank_of[rid], []).append(rid)
+        return self._exchange(abort=by_rank) if by_rank or self._pending else []
+
+    def close(self):
+        self._exchange(close=True)
+        self._rank_of.clear()
+
+    def release(self):
+        """The main process is done exchanging for now: the other ranks stop following."""
+        self._broadcast(STOP)
+
+
+__all__ = ["VLLMColocateRollouts", "RankEngine", "RankedRollouts", "engine_worker", "extend_worker"]

@@ -242,10 +242,10 @@ class AllocGRPOConfig(GRPOConfig):
 
     def _check_colocate_rollouts(self):
         """Events and stream on TRL's colocate engine (`rollout.colocate`): what is not built or cannot hold."""
-        if self.world_size > 1:
-            raise ValueError(f"rollout_mode={self.rollout_mode!r} with vllm_mode='colocate' runs on one process (one "
-                             f"GPU) for now; with {self.world_size} processes use vllm_mode='server' (a generation GPU "
-                             "of its own), or rollout_mode='deterministic'.")
+        if self.world_size > 1 and self.pruning != "none":
+            raise ValueError(f"pruning={self.pruning!r} inside the rollouts (rollout_mode={self.rollout_mode!r}) with "
+                             f"vllm_mode='colocate' runs on one process for now; with {self.world_size} processes use "
+                             "rollout_mode='deterministic' (two-phase pruning) or vllm_mode='server'.")
         if self.rollout_mode == "stream" and self.vllm_enable_sleep_mode:
             raise ValueError("rollout_mode='stream' keeps rollouts in the colocate engine while the trainer trains, "
                              "and vllm_enable_sleep_mode discards their KV cache at every sleep; use "

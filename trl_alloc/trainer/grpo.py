@@ -239,14 +239,25 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         broadcast_object_list(box, from_process=0)
         return box[0]
 
+    def _all_gather(self, obj):
+        out = [None] * self.accelerator.num_processes
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
     def _main_call(self, fn):
-        """Run allocator code on the main process; share its result, or its error, with every rank."""
+        """Run allocator code on the main process; share its result, or its error, with every rank. Colocate on
+        several processes: meanwhile the other ranks step their engines as the main process asks (`_ranks`)."""
         out, error = None, None
         if self.accelerator.is_main_process:
             try:
                 out = ("ok", fn())
             except Exception as exc:  # raised on every rank below, so no rank hangs in a collective
                 out, error = ("error", f"{type(exc).__name__}: {exc}"), exc
+            finally:
+                if self._ranks is not None:
+                    self._ranks.release()
+        elif self._ranks is not None:
+            self._ranks.follow(self._broadcast, self._all_gather)
         status, value = self._broadcast(out)
         if status == "error":
             if error is not None:

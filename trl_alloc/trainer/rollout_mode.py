@@ -10,7 +10,6 @@ events or stream were not measured to pay, since it is also the bit-exact one.
 | vLLM server on GPUs | stream | engine model: CERO+SARA 13.33 vs 36.37 events, stock 13.86 vs 24.61 |
 | ... with pruning | events | stream does not prune yet |
 | vLLM colocate on one GPU, filling full | deterministic | full groups: one call either way |
-| vLLM colocate on several processes | deterministic | events and stream run on one process for now |
 | vLLM colocate, adaptive filling | stream | engine model, one GPU: CERO+SARA 5.65 vs 7.18 events, 15.79 sync, stock 7.92 |
 | ... with pruning or sleep mode | events | stream does not prune; sleep mode drops the carried KV cache |
 """
@@ -24,8 +23,6 @@ def choose_rollout_mode(args, cuda):
         return "deterministic", "transformers generation: nothing overlaps, and the run stays bit-exact"
     if not cuda:
         return "deterministic", "vLLM on a CPU: events and stream were not faster than synchronous calls there"
-    if args.vllm_mode == "colocate" and args.world_size > 1:
-        return "deterministic", "colocate on several processes: events and stream run on one process for now"
     if args.max_completion_length <= SHORT_COMPLETIONS:
         return "deterministic", (f"completions of at most {args.max_completion_length} tokens: one request per rollout "
                                  "costs more than event-driven filling saves")

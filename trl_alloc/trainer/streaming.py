@@ -27,7 +27,7 @@ in flight are named in it and dropped if the run resumes from there (spent, neve
 
 import contextlib
 
-from ..rollout.colocate import VLLMColocateRollouts
+from ..rollout.colocate import RankedRollouts, RankEngine, VLLMColocateRollouts
 from ..rollout.events import BatchedRollouts, VLLMServerRollouts
 from ..rollout.streaming import RoundDriver, StreamDriver
 from .trl_compat import colocate_llm, sync_vllm_weights, tokenize_prompts, vllm_server_url
@@ -40,6 +40,8 @@ def _plain(rollouts):
 
 class EventRoundMixin:
     """`_run_event_round`: one round in events mode (module docstring)."""
+
+    _ranks = None  # colocate on several processes: the ranked engine (main) or this rank's part of it
 
     def _rollout_mode_notice(self):
         args = self.args
@@ -62,15 +64,30 @@ class EventRoundMixin:
         """Most rollouts in flight at once: `rollout_max_inflight`, else the generation batch."""
         return self.args.rollout_max_inflight or self.args.generation_batch_size
 
+    @property
+    def colocate_ranks(self):
+        """Colocate on several processes: every rank steps its own engine, the main process decides
+        (`rollout.colocate.RankedRollouts`; the other ranks follow it inside each `_main_call`)."""
+        return self.colocate and self.accelerator.num_processes > 1
+
     def _rollout_engine(self):
+        """The rollout engine (main process; with `colocate_ranks`, every rank: the main process gets the ranked
+        engine, the others their own part of it, kept in `_ranks`)."""
         args = self.args
         if not self.use_vllm:
             return BatchedRollouts()
         extra = {k: v for k, v in (("min_p", args.min_p), ("repetition_penalty", args.repetition_penalty)) if v}
         head = self.pruner.head if self.pruner is not None else None
         if self.colocate:
-            return VLLMColocateRollouts(colocate_llm(self), temperature=args.temperature, top_p=args.top_p,
-                                        top_k=args.top_k or 0, extra=extra, quality_head=head)
+            local = VLLMColocateRollouts(colocate_llm(self), temperature=args.temperature, top_p=args.top_p,
+                                         top_k=args.top_k or 0, extra=extra, quality_head=head)
+            if not self.colocate_ranks:
+                return local
+            host = RankEngine(local, self.accelerator.process_index)
+            main = self.accelerator.is_main_process
+            self._ranks = RankedRollouts(host, self.accelerator.num_processes, self._broadcast,
+                                         self._all_gather) if main else host
+            return self._ranks if main else None
         return VLLMServerRollouts(vllm_server_url(self), temperature=args.temperature, top_p=args.top_p,
                                   top_k=args.top_k or 0, max_inflight=self.rollout_window,
                                   request_timeout=args.vllm_server_timeout, extra=extra, quality_head=head)
@@ -116,16 +133,31 @@ class EventRoundMixin:
                 vg.llm.sleep(level=2)
                 vg._llm_weights_sleeping = True
 
+    def _close_rollouts(self, rollouts):
+        """Stop what still runs (with `colocate_ranks`: on every rank's engine)."""
+        try:
+            if self.colocate_ranks:
+                self._main_call(lambda: rollouts.close())
+            elif rollouts is not None:
+                rollouts.close()
+        finally:
+            host = getattr(self._ranks, "host", self._ranks)
+            if host is not None:  # rollouts this rank's engine ran, in all
+                self.colocate_rank_rollouts = getattr(self, "colocate_rank_rollouts", 0) + host.started
+            self._ranks = None
+
     def _event_round(self):
         driver, prompt_ids_of = None, self._prompt_ids_of
+        main = self.accelerator.is_main_process
+        rollouts = self._rollout_engine() if main or self.colocate_ranks else None
 
-        if self.accelerator.is_main_process:
+        if main:
             in_stream = self.use_vllm and self.pruner is not None
 
             def prune(snapshots):  # ARROL at the detection point, on the engine's scores
                 return self.pruner.decide_snapshots(snapshots, self.engine.current_round)
 
-            driver = RoundDriver(self.engine, self._rollout_engine(), prompt_ids_of,
+            driver = RoundDriver(self.engine, rollouts, prompt_ids_of,
                                  self.args.max_completion_length, self.rollout_window,
                                  timeout=self.args.vllm_server_timeout if self.use_vllm else None,
                                  detect_at=self.pruner.detect_length if in_stream else None,
@@ -133,10 +165,9 @@ class EventRoundMixin:
         try:
             rows = self._poll_round(driver)
         finally:
-            if driver is not None:
-                driver.rollouts.close()
-                if driver.detect_at:
-                    self.pruner.add_time(scoring_s=driver.rollouts.scoring_s + driver.rollouts.hook_s)
+            self._close_rollouts(rollouts)
+            if driver is not None and driver.detect_at:
+                self.pruner.add_time(scoring_s=driver.rollouts.scoring_s + driver.rollouts.hook_s)
         events = self._main_call(lambda: {"events": driver.events, "waited_s": driver.waited_s})
         return rows, events
 
@@ -151,10 +182,13 @@ class StreamRoundMixin:
     _stream_step = 0        # the global step of the last version bump
 
     def _stream_driver(self):
-        if self._stream is None and self.accelerator.is_main_process:
-            self._stream = StreamDriver(self._rollout_engine(), self._prompt_ids_of, self.args.max_completion_length,
-                                        self.rollout_window, self.args.vllm_server_timeout if self.use_vllm else None,
-                                        max_staleness=self.args.max_staleness)
+        main = self.accelerator.is_main_process
+        if self._stream is None and self._ranks is None and (main or self.colocate_ranks):
+            rollouts = self._rollout_engine()
+            if main:
+                self._stream = StreamDriver(rollouts, self._prompt_ids_of, self.args.max_completion_length,
+                                            self.rollout_window, self.args.vllm_server_timeout if self.use_vllm else None,
+                                            max_staleness=self.args.max_staleness)
         return self._stream
 
     def _stream_push(self):
@@ -216,9 +250,14 @@ class StreamRoundMixin:
             self._open_stream_round()
 
     def _end_stream(self):
-        if self._stream is not None:  # (main process) spent by the rounds that started them, never trained
-            self.stream_dropped = len(self._stream.finish())
-            self._stream.rollouts.close()
+        if self._stream is not None or self._ranks is not None:  # spent by the rounds that started them, never trained
+            def end():
+                self.stream_dropped = len(self._stream.finish())
+            if self.colocate_ranks:
+                self._main_call(end)
+            elif self._stream is not None:
+                end()
+            self._close_rollouts(self._stream and self._stream.rollouts)
             self._stream = None
         self._stream_open, self._stream_rows = False, {}
 
