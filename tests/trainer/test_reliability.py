@@ -345,3 +345,19 @@ def test_the_verifier_is_the_default_success_signal_wherever_it_stands(tmp_path)
                                                     reward_for_dataset("builtin:arithmetic")],
                          args=make_args(str(tmp_path), num_rounds=1), train_dataset=ds, processing_class=tok)
     assert t.success_funcs == [1]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--algorithm", "dapo"], "AllocDAPOConfig"), (["--algorithm=dapo"], "AllocDAPOConfig"),
+    (["--algorithm=grpo"], "AllocGRPOConfig"), ([], "AllocGRPOConfig"),
+    (["--config", "{recipe}"], "AllocDAPOConfig"), (["--config={recipe}", "--algorithm=grpo"], "AllocGRPOConfig"),
+])
+def test_algorithm_flag_parses_in_both_forms(tmp_path, argv, expected):
+    """`--algorithm=dapo` used to train GRPO silently: both flag forms (and the recipe's field) pick the config."""
+    from trl_alloc.cli.train import pick_config_class
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("algorithm: dapo\n")
+    assert pick_config_class([a.format(recipe=recipe) for a in argv]).__name__ == expected
+    with pytest.raises(ValueError, match="must be grpo or dapo"):
+        pick_config_class(["--algorithm=ppo"])

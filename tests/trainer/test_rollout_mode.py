@@ -36,3 +36,13 @@ def test_auto_is_resolved_in_the_config_and_reported(tmp_path):
     explicit = make_args(str(tmp_path), pacing="cero", filling="sara", rollout_budget=64, num_rounds=4,
                          rollout_mode="events")
     assert explicit.rollout_mode == "events" and explicit.rollout_mode_reason is None
+
+
+def test_colocate_stream_with_sleep_mode_is_refused(tmp_path):
+    """Sleep mode discards the KV cache a colocate stream's carried rollouts live in: refused at config time."""
+    with pytest.raises(ValueError, match="vllm_enable_sleep_mode discards their KV cache"):
+        make_args(str(tmp_path), pacing="cero", filling="sara", rollout_budget=64, num_rounds=4, use_vllm=True,
+                  vllm_mode="colocate", vllm_enable_sleep_mode=True, rollout_mode="stream")
+    args = make_args(str(tmp_path), pacing="cero", filling="sara", rollout_budget=64, num_rounds=4, use_vllm=True,
+                     vllm_mode="colocate", vllm_enable_sleep_mode=True, rollout_mode="events")
+    assert args.rollout_mode == "events"

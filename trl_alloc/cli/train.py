@@ -46,15 +46,21 @@ class ScriptArguments:
 
 
 def pick_config_class(argv):
-    """AllocDAPOConfig when `--algorithm dapo` is given on the command line or in the YAML recipe."""
+    """AllocDAPOConfig when `--algorithm dapo` (or `--algorithm=dapo`) is given on the command line or
+    `algorithm: dapo` in the YAML recipe (the command line wins), parsed as TrlParser parses them."""
+    import argparse
+
     from trl_alloc.trainer.config import AllocDAPOConfig, AllocGRPOConfig
-    algorithm = "grpo"
-    if "--config" in argv:
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    pre.add_argument("--algorithm")
+    known, _ = pre.parse_known_args(argv)
+    algorithm = known.algorithm
+    if algorithm is None and known.config:
         import yaml
-        with open(argv[argv.index("--config") + 1], encoding="utf-8") as f:
-            algorithm = (yaml.safe_load(f) or {}).get("algorithm", algorithm)
-    if "--algorithm" in argv:
-        algorithm = argv[argv.index("--algorithm") + 1]
+        with open(known.config, encoding="utf-8") as f:
+            algorithm = (yaml.safe_load(f) or {}).get("algorithm")
+    algorithm = algorithm or "grpo"
     if algorithm not in ("grpo", "dapo"):
         raise ValueError(f"--algorithm must be grpo or dapo, got {algorithm!r}.")
     return AllocDAPOConfig if algorithm == "dapo" else AllocGRPOConfig

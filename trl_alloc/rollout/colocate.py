@@ -92,6 +92,17 @@ class VLLMColocateRollouts(StreamedRollouts):
             self.step()
         return super().next_completed(timeout=None)
 
+    def advance(self, steps):
+        """At most `steps` engine steps, stopping once a rollout has ended; returns the ended ones (maybe none)."""
+        for _ in range(int(steps)):
+            if not self.in_flight or not self._done.empty():
+                break
+            self.step()
+        out = []
+        while not self._done.empty():
+            out.append(self._done.get_nowait())
+        return out
+
     def _stop(self, rid):
         request_id = f"cmpl-{self.request_id(rid)}-0"
         r = self._by_request.pop(request_id, None)
@@ -125,12 +136,7 @@ class RankEngine:
             doomed = set(cmd.get("abort", {}).get(self.rank, ()))
             if doomed:
                 out += self.local.abort([lid for lid, rid in self.ids.items() if rid in doomed])
-            if cmd.get("step"):
-                for _ in range(self.steps):
-                    if not self.local.in_flight or not self.local._done.empty():
-                        break
-                    self.local.step()
-            out += self._drain()
+            out += self.local.advance(self.steps if cmd.get("step") else 0)
             if cmd.get("close"):
                 self.local.close()
             for r in out:
@@ -138,12 +144,6 @@ class RankEngine:
             return "ok", out
         except Exception as exc:  # noqa: BLE001 -- reported to the main process, which raises it on every rank
             return "error", f"rank {self.rank}: {type(exc).__name__}: {exc}"
-
-    def _drain(self):
-        out = []
-        while not self.local._done.empty():
-            out.append(self.local._done.get_nowait())
-        return out
 
     def follow(self, broadcast, all_gather):
         """A rank other than the main process: apply each command the main process broadcasts until it says stop."""
