@@ -361,3 +361,130 @@ def test_algorithm_flag_parses_in_both_forms(tmp_path, argv, expected):
     assert pick_config_class([a.format(recipe=recipe) for a in argv]).__name__ == expected
     with pytest.raises(ValueError, match="must be grpo or dapo"):
         pick_config_class(["--algorithm=ppo"])
+
+
+def test_resume_without_optimizer_state_is_refused(finished_run, tmp_path):
+    """A checkpoint with no optimizer.pt would restart Adam silently: refused, naming the file and the fallback."""
+    import shutil
+
+    out, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    (copy / "checkpoint-4" / "optimizer.pt").unlink()
+    t = build(copy, **KW)
+    with pytest.raises(FileNotFoundError, match="checkpoint-4 has no optimizer.pt.*--resume_from_checkpoint .*checkpoint-2"):
+        t.train(resume_from_checkpoint=str(copy / "checkpoint-4"))
+
+
+def test_disk_full_is_found_in_a_chained_exception(tmp_path):
+    """torch reports a full disk as `unexpected pos ...`, the "iostream error" only in the exception it chains."""
+    from trl_alloc.trainer.checkpointing import is_disk_full
+
+    try:
+        try:
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file "
+                               "data/0: file write failed")
+        except RuntimeError as inner:
+            raise RuntimeError("[enforce fail at inline_container.cc:778] . unexpected pos 2304 vs 2198") from inner
+    except RuntimeError as exc:
+        chained = exc
+    shutil_free = __import__("shutil").disk_usage(tmp_path).free
+    assert is_disk_full(chained, str(tmp_path)) == (shutil_free < 2**26)  # torch's words need a disk that is full
+    full = RuntimeError("unexpected pos 2304 vs 2198")
+    full.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    assert is_disk_full(full, str(tmp_path)) and not is_disk_full(RuntimeError("unexpected pos"), str(tmp_path))
+
+
+def test_bad_rows_are_refused_at_load_with_their_numbers(tmp_path, capsys):
+    from trl_alloc.tasks.data import load_prompt_dataset
+
+    path = tmp_path / "rows.jsonl"
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(8)]
+    rows[2]["answer"], rows[5]["answer"] = None, None
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="2 row\\(s\\) whose 'answer' is null \\(rows 2, 5\\)"):
+        load_prompt_dataset(str(path))
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(8)]
+    rows[3]["prompt"] = "  "
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="1 empty prompt\\(s\\) \\(rows 3\\)"):
+        load_prompt_dataset(str(path))
+    chat = [{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"},
+            {"prompt": [{"role": "human", "content": "2+2="}], "answer": "4"},
+            {"prompt": [{"role": "system", "content": "Be brief."}], "answer": "0"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in chat))
+    load_prompt_dataset(str(path))
+    out = capsys.readouterr().out
+    assert "1 chat prompt(s) with role 'human' (rows 1)" in out and "2 chat prompt(s) with no 'user' turn (rows 1, 2)" in out
+
+
+def test_api_inputs_refused_at_construction(tmp_path):
+    """What TRL's own GRPOTrainer refuses (or a user gets wrong) is refused here too, naming the fix."""
+    from datasets import Dataset
+
+    model, tok, ds, reward = tiny_setup()
+    args = make_args(str(tmp_path), num_rounds=1)
+    with pytest.raises(ValueError, match="`reward_funcs` is required"):
+        AllocGRPOTrainer(model=model, reward_funcs=None, args=args, train_dataset=ds, processing_class=tok)
+    with pytest.raises(TypeError, match="Dataset.from_list"):
+        AllocGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=list(ds), processing_class=tok)
+    with pytest.raises(ValueError, match="`environment_factory` is not supported"):  # before the dataset is checked
+        AllocGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=None, processing_class=tok,
+                         environment_factory=lambda: None)
+    empty = Dataset.from_list([{"prompt": "1+1=", "answer": "2"}, {"prompt": "", "answer": "0"}])
+    with pytest.raises(ValueError, match="empty prompt\\(s\\) \\(rows 1\\)"):
+        AllocGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=empty, processing_class=tok)
+    with pytest.raises(ValueError, match="smaller than one group \\(4 responses"):
+        make_args(str(tmp_path), pacing="uniform", filling="full", num_rounds=1, rollout_budget=3)
+
+
+def test_a_short_run_without_signal_still_says_why(tmp_path, capsys):
+    """Fewer rounds than no_signal_warning_rounds, none with a mixed group: the warning comes at the end."""
+    model, tok, ds, _ = tiny_setup()
+    args = make_args(str(tmp_path), pacing="uniform", filling="full", num_rounds=2, no_signal_warning_rounds=5)
+    t = AllocGRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                         train_dataset=ds, processing_class=tok)
+    t.train()
+    assert "2 rounds in a row without one mixed group" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--rounds", "0"], "--rounds must be >= 1"), (["--unit_size", "0"], "--unit_size must be >= 1"),
+    (["--step_ms", "-1"], "--step_ms must be >= 0"), (["--budget", "-5"], "--budget must be >= 1"),
+])
+def test_plan_refuses_impossible_settings(flags, match, capsys):
+    from trl_alloc.cli.plan import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--methods", "uniform", "--engine_methods", "", *flags])
+    assert exit_.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_plan_budget_remainder_does_not_stretch_the_run(tmp_path):
+    """--budget 3201 on a 20-round plan used to run knapsack for 80 rounds; a remainder below one group ends it."""
+    from trl_alloc.cli.plan import main
+
+    main(["--prompts", "200", "--rounds", "20", "--budget", "3201", "--capacity", "40", "--methods", "knapsack,uniform",
+          "--engine_methods", "", "--output_dir", str(tmp_path)])
+    results = json.loads((tmp_path / "plan.json").read_text())["results"]
+    assert all(r["summary"]["rounds"] <= 21 for r in results.values()), {k: r["summary"]["rounds"] for k, r in results.items()}
+
+
+def test_groups_mixed_by_success_but_flat_in_the_loss_are_reported(tmp_path, capsys):
+    """A verifier at reward weight 0 next to a constant format reward: the allocator's groups are mixed, the loss's
+    rewards are not. Warned, naming the weights, and the summary says nothing was trained (no parameter moved)."""
+    model, tok, ds, verifier = tiny_setup()
+
+    def format_reward(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    args = make_args(str(tmp_path), pacing="uniform", filling="full", num_rounds=3, reward_weights=[0.0, 1.0],
+                     success_reward_funcs=["first_digit_reward"], temperature=2.0)
+    t = AllocGRPOTrainer(model=model, reward_funcs=[verifier, format_reward], args=args, train_dataset=ds,
+                         processing_class=tok)
+    before = params(t)
+    t.train()
+    out = capsys.readouterr().out
+    assert sum(h["effective_groups"] for h in t.engine.history) > 0  # mixed by the verifier...
+    assert "have a constant training reward (reward weights: first_digit_reward=0, format_reward=1)" in out
+    assert not t.allocation_summary["trained"] and same_params(before, params(t))  # ...but nothing moved

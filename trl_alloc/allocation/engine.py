@@ -237,11 +237,17 @@ class AllocationEngine:
                "empty_rounds": self.counters["empty_rounds"],
                "rounds_without_signal": self.counters["rounds_without_signal"],
                "responses_unscored": self.counters["unscored"],
-               "trained": any(x["effective_groups"] > 0 for x in h),
+               "trained": any(trained_groups(x) > 0 for x in h),
                "allocator_time_share": sum(x["allocator_s"] for x in h) / max(sum(x["round_s"] for x in h), 1e-9)}
         if self.pruner is not None:
             out["pruning"] = dict(self.pruner.totals)
         return out
 
 
-__all__ = ["AllocationEngine", "STATE_VERSION", "PLAN_FIELDS", "check_same_plan", "migrate_state", "json_default"]
+def trained_groups(entry):
+    """A round's committed groups whose advantages were not all zero (a group the allocator counts as mixed by the
+    success signal can still have a constant training reward, e.g. with the verifier's reward weight at 0)."""
+    return entry["effective_groups"] - entry.get("flat_groups", 0)
+
+
+__all__ = ["AllocationEngine", "trained_groups", "STATE_VERSION", "PLAN_FIELDS", "check_same_plan", "migrate_state", "json_default"]

@@ -79,7 +79,9 @@ def simulate(method, args, reference=None):
     k = args.units_per_group * args.unit_size
     rec = {"spend": [], "groups": [], "effective": [], "expected_effective": [], "alloc_ms": []}
     lifts = []
-    while not pacer.finished and pool.t < 4 * args.rounds:
+    # (a filler that spends less than planned may run past `rounds` until the budget is spent, up to 4x; a
+    # remainder smaller than one group ends the run)
+    while not pacer.finished and pacer.remaining_responses >= k and pool.t < 4 * args.rounds:
         predicted = pacer.beta.mean.copy() if hasattr(pacer, "beta") else None
         t0 = time.perf_counter()
         units = pacer.propose()

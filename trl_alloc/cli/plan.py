@@ -104,6 +104,24 @@ def engine_table(args):
     return rows
 
 
+def check_args(parser, args):
+    """Clear errors for settings no plan can have (argparse's usage line, exit status 2)."""
+    for name in ("prompts", "rounds", "budget", "unit_size", "units_per_group", "capacity", "engine_seqs",
+                 "max_tokens", "gpus_per_engine"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+    for name in ("step_ms", "step_ms_per_seq", "train_ms_per_token", "sync_s", "length_median", "length_sigma",
+                 "engine_rounds", "train_gpus"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}.")
+    k = args.unit_size * args.units_per_group
+    if args.budget < k * args.rounds:
+        parser.error(f"--budget ({args.budget} responses) is less than one group of {k} per round over --rounds "
+                     f"{args.rounds} ({k * args.rounds}); raise --budget or lower --rounds.")
+    if not 0 < args.prune_keep <= 1:
+        parser.error(f"--prune_keep must lie in (0, 1], got {args.prune_keep}.")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8699)
@@ -147,6 +165,7 @@ def main(argv=None):
                         help="max_staleness values of the stream rows ('' skips them)")
     parser.add_argument("--output_dir", default="outputs/plan")
     args = parser.parse_args(argv)
+    check_args(parser, args)
     if args.colocate:
         args.train_gpus = args.gpus_per_engine = 1
     args.window = args.window or args.engine_seqs

@@ -103,6 +103,7 @@ def main(argv=None):
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trl_alloc.allocation.engine import trained_groups
     from trl_alloc.reporting.plots import update_summary
     from trl_alloc.tasks.data import load_train_and_test, reward_for_dataset
     from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer
@@ -179,9 +180,10 @@ def main(argv=None):
         trainer.push_to_hub(dataset_name=None if builtin else script_args.dataset_name)
     trainer.accelerator.wait_for_everyone()  # the main process may still be evaluating
     trainer.accelerator.end_training()  # trackers closed, process group destroyed: a clean exit on every rank
-    if not any(h["effective_groups"] > 0 for h in trainer.engine.history):
+    if not any(trained_groups(h) > 0 for h in trainer.engine.history):
         if state.is_main_process:
-            print("[trl-alloc] nothing was trained: no round had a mixed group (see the warning above and "
+            print("[trl-alloc] nothing was trained: no round had a group with a non-zero advantage (see the warning "
+                  "above and "
                   f"{os.path.join(training_args.output_dir, 'allocation', 'summary.json')}).")
         sys.exit(2)
 

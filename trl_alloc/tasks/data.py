@@ -78,6 +78,11 @@ def _standardise(ds, name, split, prompt_column, answer_column):
                          f"{ds.column_names}. Set --prompt_column / --answer_column to the right names.")
     if len(ds) == 0:
         raise ValueError(f"dataset {name!r} ({split}) is empty; the prompt pool needs at least one prompt.")
+    unanswered = [i for i, a in enumerate(ds[answer_column]) if a is None]
+    if unanswered:
+        raise ValueError(f"dataset {name!r} ({split}) has {len(unanswered)} row(s) whose {answer_column!r} is null "
+                         f"(rows {_rows(unanswered)}); they can never succeed. Fill in or remove those rows.")
+    check_prompts(ds[prompt_column], f"dataset {name!r} ({split})")
     for old, new in ((prompt_column, "prompt"), (answer_column, "answer")):
         if old != new:
             if new in ds.column_names:
@@ -86,6 +91,58 @@ def _standardise(ds, name, split, prompt_column, answer_column):
     if not isinstance(ds[0]["answer"], str):
         ds = ds.map(lambda row: {"answer": str(row["answer"])})
     return ds
+
+
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def check_prompts(prompts, where):
+    """Refuse empty prompts (plain or conversational), naming the rows; warn about chat prompts with an unknown
+    role or no user turn (a chat template may drop or reject them)."""
+    empty, odd_roles, no_user = [], {}, []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                empty.append(i)
+            continue
+        messages = prompt if isinstance(prompt, list) else []
+        if not any(str((m or {}).get("content") or "").strip() for m in messages):
+            empty.append(i)
+            continue
+        roles = [(m or {}).get("role") for m in messages]
+        for role in set(roles) - CHAT_ROLES:
+            odd_roles.setdefault(role, []).append(i)
+        if "user" not in roles:
+            no_user.append(i)
+    if empty:
+        raise ValueError(f"{where} has {len(empty)} empty prompt(s) (rows {_rows(empty)}); remove them or give them "
+                         "text: an empty prompt has nothing to generate from.")
+    for role, rows in odd_roles.items():
+        print(f"[trl-alloc] WARNING: {where}: {len(rows)} chat prompt(s) with role {role!r} (rows {_rows(rows)}); "
+              f"chat templates know {sorted(CHAT_ROLES)} and may drop or reject others.")
+    if no_user:
+        print(f"[trl-alloc] WARNING: {where}: {len(no_user)} chat prompt(s) with no 'user' turn (rows "
+              f"{_rows(no_user)}); the model is asked to answer nothing a user said.")
+
+
+def check_prompt_lengths(prompts, tokenize, max_completion_length, positions, candidates=32):
+    """Refuse prompts that leave no room for a completion in the model's `positions`, naming the longest. Only the
+    `candidates` longest by characters are tokenized (`tokenize(list of prompts) -> token id lists`)."""
+    if not positions:
+        return
+    def chars(p):
+        return len(p) if isinstance(p, str) else sum(len(str((m or {}).get("content") or "")) for m in p or [])
+    order = sorted(range(len(prompts)), key=lambda i: -chars(prompts[i]))[:candidates]
+    lengths = [len(ids) for ids in tokenize([prompts[i] for i in order])]
+    row, longest = max(zip(order, lengths), key=lambda x: x[1])
+    if longest + max_completion_length > positions:
+        raise ValueError(f"prompt row {row} is {longest} tokens: with max_completion_length={max_completion_length} "
+                         f"that exceeds the model's {positions} positions (max_position_embeddings); remove or shorten "
+                         "the long prompts, or lower max_completion_length.")
+
+
+def _rows(rows, most=5):
+    return ", ".join(map(str, rows[:most])) + (f", ... ({len(rows) - most} more)" if len(rows) > most else "")
 
 
 class Splits(NamedTuple):

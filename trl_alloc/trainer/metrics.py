@@ -51,6 +51,7 @@ class RoundMetricsMixin:
         if "pacing_gap" in summary:
             m["alloc/pacing_gap"] = [summary["pacing_gap"]]
         self._warn_without_signal(rows)
+        self._warn_flat_groups(entry)
         if "pruning" in summary:
             m["alloc/responses_pruned"].append(float(stats.get("pruned", 0)))
             for key, value in summary["pruning"].items():
@@ -100,10 +101,25 @@ class RoundMetricsMixin:
             total, count = self.accelerator.gather(stats_t).view(-1, 2).sum(dim=0).tolist()
             m[name].append(total / count if count else float("nan"))
 
+    def _warn_flat_groups(self, entry):
+        """Once: committed groups the success signal calls mixed whose *training* reward is constant train nothing."""
+        flat = entry.get("flat_groups", 0)
+        if not flat or getattr(self, "_warned_flat", False) or not self.accelerator.is_main_process:
+            return
+        self._warned_flat = True
+        weights = ", ".join(f"{n}={w:g}" for n, w in zip(self.reward_func_names, self.reward_weights.tolist()))
+        print(f"[trl-alloc] WARNING: {flat} of {entry['effective_groups']} groups this round are mixed by the "
+              f"success signal but have a constant training reward (reward weights: {weights}), so their advantages "
+              "are zero and they train nothing. Give the success reward a non-zero weight, or name the reward the "
+              "loss sees with --success_reward_funcs.")
+
     def _warn_without_signal(self, rows):
-        """After `no_signal_warning_rounds` rounds in a row without a mixed group: warn, naming the likely cause."""
-        streak = self.engine.signal_streak
-        if streak != self.args.no_signal_warning_rounds or not self.accelerator.is_main_process:
+        """After `no_signal_warning_rounds` rounds in a row without a mixed group, or at the end of a shorter run that
+        never had one: warn, naming the likely cause."""
+        streak, limit = self.engine.signal_streak, self.args.no_signal_warning_rounds
+        last = self.engine.pacer.finished or self._stream_rounds_left() <= 0
+        short_run = last and streak < limit and streak == self.engine.counters["rounds"]
+        if not (streak == limit or short_run) or not self.accelerator.is_main_process:
             return
         success = np.array([r["success"] for r in rows if not r.get("pruned")], dtype=float)
         reward = np.array([r["reward"] for r in rows if not r.get("pruned")], dtype=float)
