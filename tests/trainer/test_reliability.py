@@ -488,3 +488,42 @@ def test_groups_mixed_by_success_but_flat_in_the_loss_are_reported(tmp_path, cap
     assert sum(h["effective_groups"] for h in t.engine.history) > 0  # mixed by the verifier...
     assert "have a constant training reward (reward weights: first_digit_reward=0, format_reward=1)" in out
     assert not t.allocation_summary["trained"] and same_params(before, params(t))  # ...but nothing moved
+
+
+def test_unclear_messages_now_name_the_problem(finished_run, tmp_path, capsys):
+    import shutil
+
+    from trl_alloc.serving.server import VLLMServerStartError, start_server
+    from trl_alloc.tasks.data import load_prompt_dataset
+
+    model, tok, ds, reward = tiny_setup()
+    args = make_args(str(tmp_path / "o"), num_rounds=1)
+    with pytest.raises(FileNotFoundError, match="'./no-such-model' is not a folder here"):
+        AllocGRPOTrainer(model="./no-such-model", reward_funcs=reward, args=args, train_dataset=ds)
+    with pytest.raises(ValueError, match="get_tiny_model_dir"):
+        AllocGRPOTrainer(model="tiny", reward_funcs=reward, args=args, train_dataset=ds)
+    with pytest.raises(VLLMServerStartError, match="embedded model of scripts/train.py"):
+        start_server("tiny")
+    text = tmp_path / "prompts.txt"
+    text.write_text("1+1=\n")
+    with pytest.raises(ValueError, match="extension trl-alloc does not read; give a .*jsonl"):
+        load_prompt_dataset(str(text))
+    # YAML's bare `no` is False; a zero completion length is named as ours, not as transformers' max_new_tokens
+    assert make_args(str(tmp_path / "o"), num_rounds=1, save_strategy=False).save_strategy == "no"
+    with pytest.raises(ValueError, match="`max_completion_length` must be >= 1"):
+        make_args(str(tmp_path / "o"), num_rounds=1, max_completion_length=0)
+    from trl_alloc.cli.eval import parse_args as eval_args
+    with pytest.raises(SystemExit):  # argparse names the choices
+        eval_args(["--model", "x", "--dtype", "float64x"])
+    assert "invalid choice: 'float64x'" in capsys.readouterr().err
+    # a checkpoint without its weights, and one whose pacer state is null
+    out, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    (copy / "checkpoint-4" / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="checkpoint-4 has no model weights .*checkpoint-2"):
+        build(copy, **KW).train(resume_from_checkpoint=str(copy / "checkpoint-4"))
+    state = copy / "checkpoint-2" / ALLOCATION_STATE_NAME
+    state.write_text(json.dumps({**json.loads(state.read_text()), "pacer": None}))
+    with pytest.raises(ValueError, match="has no 'pacer' entry \\(or it is not an object\\)"):
+        read_allocation_state(str(copy / "checkpoint-2"))

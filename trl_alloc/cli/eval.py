@@ -56,7 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--head_at", default="detect", choices=["detect", "final"],
                    help="score candidates at the head's detection length (what it was trained on) or at the end")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, float16")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="model dtype")
     p.add_argument("--output_dir", default=None, help="default: outputs/eval/<model>-<dataset>-<split>")
     p.add_argument("--no_progress", action="store_true", help="no tqdm bar")
     args = p.parse_args(argv)
@@ -83,6 +83,9 @@ def load_head(path, model, tokenizer, at, device):
         return None, "head-weighted maj@k skipped: the head needs the policy's weights (--model) to score candidates."
     from trl_alloc.rollout.quality_head import QualityHead
 
+    if not os.path.isdir(path):
+        raise SystemExit(f"--head {path!r} is not a folder; give the quality_head/ folder a trl-alloc run saved (next to "
+                         "its checkpoints and final model).")
     head = QualityHead.from_pretrained(path).float().eval()  # CPU float32, as in training
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
     if hidden is not None and head.hidden_size != hidden:

@@ -288,14 +288,19 @@ def start_server(
     killed and :class:`VLLMServerStartError` is raised with the last lines of the log.
     """
     model = str(model_dir)
-    if (os.path.isabs(model) or model.startswith((".", "~"))) and not os.path.exists(os.path.expanduser(model)):
-        raise VLLMServerStartError(f"model directory {model!r} does not exist")
+    if model == "tiny":
+        raise VLLMServerStartError(
+            "'tiny' is the embedded model of scripts/train.py (built per task); serve its folder instead: "
+            "--model \"$(python -c 'from trl_alloc.tasks.tiny import get_tiny_model_dir as d; print(d())')\"")
+    path_like = os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1
+    if path_like and not os.path.exists(os.path.expanduser(model)):
+        raise VLLMServerStartError(f"model directory {model!r} does not exist (a Hub id is 'name' or 'org/name')")
     if port is None:
         port = find_free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
     elif _port_in_use(host, port):
         raise VLLMServerStartError(
-            f"port {port} on {host} is already in use: stop what listens there, or pass port=None "
-            "to pick a free port")
+            f"port {port} on {host} is already in use: stop what listens there, or pick another (port 0 / "
+            "port=None picks a free one)")
     cmd = build_server_command(model, host, port, extra_args=extra_args, **command_kwargs)
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix=f"vllm-server-{port}-", suffix=".log")

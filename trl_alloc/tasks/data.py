@@ -28,6 +28,9 @@ def load_prompt_dataset(name, split="train", config=None, prompt_column="prompt"
         ds = build_dataset(task, n=num_builtin, seed=seed, split=split, levels=levels)
     elif is_local_file(name):
         ds = _load_local_file(name)
+    elif os.path.isfile(name):
+        raise ValueError(f"dataset file {name!r} has an extension trl-alloc does not read; give a "
+                         f"{'/'.join(sorted(LOCAL_FORMATS))} file (one row per prompt, with 'prompt' and 'answer').")
     else:
         from datasets import load_dataset
         ds = load_dataset(name, config, split=split)

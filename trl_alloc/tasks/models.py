@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,10 +38,27 @@ def is_registered(name) -> bool:
     return isinstance(name, str) and name in MODELS
 
 
-def resolve_model(name_or_path, progress=True):
-    """A folder for `name_or_path`: a registered short name becomes its cached folder; anything else
-    (a Hub id, a local folder) is returned unchanged."""
-    return get_model_dir(name_or_path, progress=progress) if is_registered(name_or_path) else name_or_path
+def resolve_model(name_or_path, progress=True, what="model"):
+    """A folder for `name_or_path`: a registered short name becomes its cached folder; anything else (a Hub id, a
+    local folder) is returned unchanged, once checked: a path that does not exist, or `tiny` (the scripts' embedded
+    model, which depends on the task), gets an error naming what to give instead."""
+    if is_registered(name_or_path):
+        return get_model_dir(name_or_path, progress=progress)
+    check_local_path(name_or_path, what)
+    return name_or_path
+
+
+def check_local_path(name_or_path, what="model"):
+    """A `what` that can only be a local path (absolute, relative with ./ ../ ~, or more than one '/') must exist;
+    `tiny` is named for what it is. Hub ids (`org/name`) pass."""
+    name = str(name_or_path)
+    if name == "tiny":
+        raise ValueError(f"{what} 'tiny' is the embedded model of scripts/train.py and scripts/eval.py (built for the "
+                         "task); in Python use trl_alloc.tasks.tiny.get_tiny_model_dir(task='arithmetic').")
+    path_like = name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+    if path_like and not os.path.exists(os.path.expanduser(name)):
+        raise FileNotFoundError(f"{what} {name!r} is not a folder here (and not a Hub id, which is 'name' or "
+                                f"'org/name'); give an existing folder, a Hub id or one of {sorted(MODELS)}.")
 
 
 def source_file(name) -> Path:

@@ -65,9 +65,10 @@ def read_allocation_state(checkpoint, required=("pacer", "filler", "counters")):
             state = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is damaged (empty or truncated: {exc})." + _suggest_previous(checkpoint)) from None
-    missing = [k for k in required if not isinstance(state, dict) or k not in state]
+    missing = [k for k in required if not isinstance(state, dict) or not isinstance(state.get(k), dict)]
     if missing:
-        raise ValueError(f"{path} is damaged: it has no {missing[0]!r} entry." + _suggest_previous(checkpoint))
+        raise ValueError(f"{path} is damaged: it has no {missing[0]!r} entry (or it is not an object)."
+                         + _suggest_previous(checkpoint))
     return state
 
 
@@ -205,6 +206,15 @@ class CheckpointMixin:
         super()._save_optimizer_and_scheduler(output_dir)
         if self.pruner is not None and self.args.should_save:  # the head's optimizer, next to the policy's
             self.pruner.save_optimizer(output_dir)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+                   "adapter_model.safetensors", "adapter_model.bin")
+        if not (self.is_deepspeed_enabled or self.is_fsdp_enabled) and not any(
+                os.path.isfile(os.path.join(resume_from_checkpoint, name)) for name in weights):
+            raise FileNotFoundError(f"{resume_from_checkpoint} has no model weights (model.safetensors or "
+                                    "adapter_model.safetensors)." + _suggest_previous(resume_from_checkpoint))
+        return super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is not None and not (self.is_deepspeed_enabled or self.is_fsdp_enabled) and not any(

@@ -160,6 +160,12 @@ class AllocGRPOConfig(GRPOConfig):
         "help": "Laplace smoothing α of the calibrator's per-bin counts."})
 
     def __post_init__(self):
+        for name in ("save_strategy", "eval_strategy", "logging_strategy"):  # YAML reads a bare `no` as false
+            if getattr(self, name, None) is False:
+                setattr(self, name, "no")
+        if isinstance(self.max_completion_length, int) and self.max_completion_length < 1:
+            raise ValueError(f"`max_completion_length` must be >= 1, got {self.max_completion_length}: a response needs "
+                             "at least one token.")
         super().__post_init__()
         _check_choice("pacing", self.pacing, PACINGS)
         _check_choice("filling", self.filling, FILLINGS)

@@ -15,7 +15,10 @@ from trl import GRPOTrainer
 
 TESTED_TRL = "1.16"  # setup.py: trl>=1.16,<1.17
 TRAINER_METHODS = ("_tokenize_prompts", "_generate_single_turn", "_calculate_rewards",
-                   "_get_per_token_logps_and_entropies", "_compute_loss", "_prepare_inputs")
+                   "_get_per_token_logps_and_entropies", "_compute_loss", "_prepare_inputs",
+                   # transformers.Trainer's, which trainer/checkpointing.py overrides
+                   "_get_output_dir", "_save_checkpoint", "_save_optimizer_and_scheduler", "_load_from_checkpoint",
+                   "_load_optimizer_and_scheduler")
 TRAINER_ATTRIBUTES = ("_metrics", "_pending_metrics", "_pending_extra_logs", "_logs", "_dist", "_tokenizer",
                       "_is_vlm", "_buffered_inputs", "_step")
 
