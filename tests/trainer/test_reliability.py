@@ -302,15 +302,32 @@ def test_all_rewards_unscorable_warns_and_trains_nothing(tmp_path, capsys):
 
 def test_budget_error_in_responses_before_the_model_loads(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), "--model_name_or_path", str(tmp_path / "no-such-model"),
+        [sys.executable, str(ROOT / "scripts" / "train.py"), "--model_name_or_path", "no-such-org/no-such-model",
          "--dataset_name", "builtin:arithmetic", "--num_builtin_prompts", "64", "--output_dir", str(tmp_path / "o"),
          "--per_device_train_batch_size", "16", "--num_generations", "8", "--num_train_epochs", "1",
          "--round_capacity", "8", "--rollout_budget", "4096", "--use_cpu", "--report_to", "none"],
         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
+    assert proc.returncode == 3  # refused (2: nothing was trained)
     assert "`rollout_budget` (4096 responses) exceeds what 32 rounds can spend (32 × 32 responses per round)" \
         in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("[trl-alloc] the run was refused: ValueError: `rollout_")
     assert "no-such-model" not in proc.stderr  # the model was never loaded
+
+
+def test_a_refused_run_under_accelerate_quiet_ends_with_our_message(tmp_path):
+    """`accelerate launch --quiet` (one process): accelerate's own traceback is gone, our message is the last line;
+    the status is accelerate's 1 (the script's own 3 is what `python scripts/train.py` returns)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file",
+         str(ROOT / "configs" / "accelerate" / "single.yaml"), str(ROOT / "scripts" / "train.py"),
+         "--model_name_or_path", "tiny", "--dataset_name", "builtin:arithmetic", "--num_builtin_prompts", "64",
+         "--output_dir", str(tmp_path / "o"), "--per_device_train_batch_size", "16", "--num_generations", "8",
+         "--round_capacity", "8", "--rollout_budget", "4096", "--use_cpu", "--report_to", "none"],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("[trl-alloc] the run was refused: ValueError: `rollout_budget` (4096 responses)"), last
+    assert "CalledProcessError" not in proc.stderr
 
 
 def test_api_type_errors_and_tau_low_auto_everywhere(tmp_path):

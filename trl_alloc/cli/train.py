@@ -94,7 +94,30 @@ def resume_argument(value):
     return value
 
 
+EXIT_NOTHING_TRAINED, EXIT_REFUSED = 2, 3
+
+
 def main(argv=None):
+    """Exit status: 0 trained, 2 nothing was trained (everything saved), 3 the run was refused (bad input or settings:
+    the message, then the fix, are the last lines, on the main process only)."""
+    from trl_alloc.trainer.trl_compat import TRLCompatibilityError
+
+    try:
+        return _main(argv)
+    except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError, TRLCompatibilityError) as exc:
+        if os.environ.get("RANK", "0") == "0":
+            import traceback
+
+            traceback.print_exc()
+            print(f"\n[trl-alloc] the run was refused: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        else:  # every rank refuses alike: the others leave after the main process has said why
+            import time
+
+            time.sleep(2)
+        sys.exit(EXIT_REFUSED)
+
+
+def _main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     config_class = pick_config_class(argv)
     parser = TrlParser((ScriptArguments, config_class, ModelConfig))
@@ -185,7 +208,7 @@ def main(argv=None):
             print("[trl-alloc] nothing was trained: no round had a group with a non-zero advantage (see the warning "
                   "above and "
                   f"{os.path.join(training_args.output_dir, 'allocation', 'summary.json')}).")
-        sys.exit(2)
+        sys.exit(EXIT_NOTHING_TRAINED)
 
 
 if __name__ == "__main__":
