@@ -75,7 +75,8 @@ def held_out_accuracy(model, tokenizer, dataset, script_args, training_args, rew
                       answer_spec(task if task in ("arithmetic", "countdown") else "math"), ks=(1,),
                       num_samples=script_args.eval_samples, temperature=training_args.temperature,
                       max_new_tokens=training_args.max_completion_length, seed=training_args.seed,
-                      top_p=training_args.top_p, top_k=training_args.top_k or 0, progress=False)
+                      top_p=training_args.top_p, top_k=training_args.top_k or 0,
+                      progress=not training_args.disable_tqdm)  # (minutes on a real model: show the bar)
     if output_dir:
         write_outputs(result, output_dir)
     return result.metrics[1]["avg"]
