@@ -102,3 +102,32 @@ def test_colocate_stream_and_resume(tmp_path):
     spent = 96 - resumed["remaining"]
     assert resumed["counters"]["responses"] == spent <= 96
     assert all(0 <= r["staleness"] <= 2 for s in resumed["seen"] for r in s["rows"])
+
+
+def test_train_script_in_colocate_mode_evaluates_through_the_engine(tmp_path):
+    """`scripts/train.py --use_vllm --vllm_mode colocate`: the held-out evaluation samples from the run's own engine
+    (the policy's weights pushed first), before and after training; the summary says which backend it used."""
+    import sys as _sys
+
+    _sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from helpers import ROOT, build_served_model
+
+    build_served_model(str(tmp_path / "model"))
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a in range(8) for b in range(8)))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), "--model_name_or_path", str(tmp_path / "model"),
+         "--dataset_name", str(data), "--reward", "arithmetic", "--output_dir", str(tmp_path / "out"),
+         "--test_fraction", "0.25", "--eval_samples", "2", "--num_rounds", "2", "--rollout_budget", "32",
+         "--pacing", "uniform", "--filling", "full", "--num_generations", "4", "--per_device_train_batch_size", "16",
+         "--max_completion_length", "8", "--use_vllm", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization",
+         "0.2", "--rollout_mode", "events", "--use_cpu", "--bf16", "false", "--report_to", "none",
+         "--save_strategy", "no"],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode in (0, 2), proc.stderr[-4000:]  # (2: a random policy may have trained nothing)
+    assert "held-out accuracy before training:" in proc.stdout and "vllm_engine" in proc.stdout
+    assert "held-out accuracy after training:" in proc.stdout
+    summary = json.loads((tmp_path / "out" / "allocation" / "summary.json").read_text())
+    assert summary["held_out_backend"] == "vllm_engine" and summary["held_out_prompts"] == 16
+    assert (tmp_path / "out" / "eval" / "before").is_dir() and (tmp_path / "out" / "eval" / "after").is_dir()

@@ -66,12 +66,13 @@ def pick_config_class(argv):
     return AllocDAPOConfig if algorithm == "dapo" else AllocGRPOConfig
 
 
-def held_out_accuracy(model, tokenizer, dataset, script_args, training_args, reward_fn, output_dir=None):
-    """avg@1 of `eval_samples` samples per held-out prompt, tokenized as the trainer does (chat template
-    for conversational prompts, the tokenizer's special tokens); samples go to `output_dir`."""
-    from trl_alloc.evaluation import TransformersBackend, answer_spec, evaluate, write_outputs
+def held_out_accuracy(backend, tokenizer, dataset, script_args, training_args, reward_fn, output_dir=None):
+    """avg@1 of `eval_samples` samples per held-out prompt from `backend` (`trl_alloc.evaluation`'s), tokenized as the
+    trainer does (chat template for conversational prompts, the tokenizer's special tokens); samples go to
+    `output_dir`."""
+    from trl_alloc.evaluation import answer_spec, evaluate, write_outputs
     task = reward_fn.__name__.removesuffix("_reward")
-    result = evaluate(TransformersBackend(model, tokenizer), tokenizer, dataset, reward_fn,
+    result = evaluate(backend, tokenizer, dataset, reward_fn,
                       answer_spec(task if task in ("arithmetic", "countdown") else "math"), ks=(1,),
                       num_samples=script_args.eval_samples, temperature=training_args.temperature,
                       max_new_tokens=training_args.max_completion_length, seed=training_args.seed,
@@ -80,6 +81,13 @@ def held_out_accuracy(model, tokenizer, dataset, script_args, training_args, rew
     if output_dir:
         write_outputs(result, output_dir)
     return result.metrics[1]["avg"]
+
+
+def engine_backend(trainer):
+    """The held-out evaluation's backend on the run's own vLLM engine: the colocate `LLM` or the server."""
+    from trl_alloc.evaluation import VLLMEngineBackend, VLLMServerBackend
+    vg = trainer.vllm_generation
+    return VLLMEngineBackend(vg.llm) if trainer.args.vllm_mode == "colocate" else VLLMServerBackend(vg.vllm_client)
 
 
 def check_before_loading(training_args, num_prompts):
@@ -128,6 +136,8 @@ def _main(argv=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_alloc.allocation.engine import trained_groups
+    from trl_alloc.evaluation import TransformersBackend
+    from trl_alloc.trainer.trl_compat import sync_vllm_weights
     from trl_alloc.reporting.plots import update_summary
     from trl_alloc.tasks.data import load_train_and_test, reward_for_dataset
     from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer
@@ -171,27 +181,40 @@ def _main(argv=None):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
-    before = None
-    if test is not None and state.is_main_process:
-        before = held_out_accuracy(model, tokenizer, test, script_args, training_args, reward_fn,
-                                   os.path.join(training_args.output_dir, "eval", "before"))
-        print(f"[trl-alloc] held-out accuracy before training: {before:.4f} "
-              f"({len(test)} prompts × {script_args.eval_samples} samples)")
+    before, through_engine = None, training_args.use_vllm and not (
+        training_args.vllm_mode == "colocate" and training_args.vllm_enable_sleep_mode)
+
+    def evaluate_held_out(when, backend):
+        accuracy = held_out_accuracy(backend, tokenizer, test, script_args, training_args, reward_fn,
+                                     os.path.join(training_args.output_dir, "eval", when))
+        if when == "before":
+            print(f"[trl-alloc] held-out accuracy before training: {accuracy:.4f} ({len(test)} prompts × "
+                  f"{script_args.eval_samples} samples, {backend.name})")
+        return accuracy
+
+    if test is not None and not through_engine and state.is_main_process:
+        before = evaluate_held_out("before", TransformersBackend(model, tokenizer))
     trainer_class = AllocDAPOTrainer if config_class.__name__ == "AllocDAPOConfig" else AllocGRPOTrainer
     trainer = trainer_class(model=model, reward_funcs=reward_fn, args=training_args, train_dataset=train,
                             processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    if test is not None and through_engine:  # the run's own vLLM engine samples faster than transformers
+        sync_vllm_weights(trainer)  # (every rank: collective; nothing was pushed yet)
+        if state.is_main_process:
+            before = evaluate_held_out("before", engine_backend(trainer))
     trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     trainer.save_model(training_args.output_dir)
+    if test is not None and through_engine:
+        sync_vllm_weights(trainer)  # the last optimizer step's weights, which no round generated with
 
     if state.is_main_process:
         summary = getattr(trainer, "allocation_summary", None) or trainer.write_allocation_report()
         if test is not None:
-            after = held_out_accuracy(trainer.accelerator.unwrap_model(trainer.model), tokenizer, test,
-                                      script_args, training_args, reward_fn,
-                                      os.path.join(training_args.output_dir, "eval", "after"))
+            backend = engine_backend(trainer) if through_engine else TransformersBackend(
+                trainer.accelerator.unwrap_model(trainer.model), tokenizer)
+            after = evaluate_held_out("after", backend)
             held_out = {"held_out_accuracy_before": before, "held_out_accuracy_after": after,
                         "held_out_split": splits.test_source, "held_out_prompts": len(test),
-                        "held_out_samples": script_args.eval_samples}
+                        "held_out_samples": script_args.eval_samples, "held_out_backend": backend.name}
             summary.update(held_out)
             update_summary(training_args.output_dir, held_out)
             print(f"[trl-alloc] held-out accuracy after training:  {after:.4f} (before {before:.4f}, "

