@@ -34,7 +34,7 @@ def check_accounting(got, max_staleness=0, stream=False):
     assert sum(kind == "submit" for log in logs for kind, _, _ in log) == spent
     for log in logs:
         submitted = [rid for kind, _, rid in log if kind == "submit"]
-        ended = Counter(rid for kind, _, rid in log if kind != "submit")
+        ended = Counter(rid for kind, _, rid in log if kind in ("done", "abort"))  # ("prune" is the decision)
         assert len(submitted) == len(set(submitted))
         assert set(ended) <= set(submitted) and set(ended.values()) <= {1}
         if not stream:  # an events round ends all it started
@@ -131,3 +131,18 @@ def test_train_script_in_colocate_mode_evaluates_through_the_engine(tmp_path):
     summary = json.loads((tmp_path / "out" / "allocation" / "summary.json").read_text())
     assert summary["held_out_backend"] == "vllm_engine" and summary["held_out_prompts"] == 16
     assert (tmp_path / "out" / "eval" / "before").is_dir() and (tmp_path / "out" / "eval" / "after").is_dir()
+
+
+def test_colocate_stream_prunes_in_the_engine(tmp_path):
+    """ARROL inside a stream (colocate engine): the worker scores each rollout at detect_length, pruned rollouts are
+    aborted there (spent, logged as "prune", never trained), the head is re-sent after each push; budget exact."""
+    args = dict(pacing="uniform", filling="full", num_rounds=4, rollout_budget=32, rollout_mode="stream",
+                max_staleness=2, temperature=1.5, pruning="arrol", detect_length=4, cold_start_steps=0,
+                head_hidden_size=16, keep_ratio=0.5)
+    got = run("train", tmp_path / "out", args=args)
+    trained = check_accounting(got, max_staleness=2, stream=True)
+    events = sum(got["events"], [])
+    pruned = {rid for kind, _, rid in events if kind == "prune"}
+    assert pruned and not pruned & set(trained)  # pruned in the engine, never trained
+    assert got["global_step"] == got["counters"]["rounds"] and all(got["pushes"])
+    assert "pruning/pruned_total" in got["logged"] and "arrol/head_loss" in got["logged"]

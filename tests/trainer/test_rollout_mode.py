@@ -14,11 +14,13 @@ from trl_alloc.trainer.rollout_mode import choose_rollout_mode
     (True, dict(use_vllm=True, vllm_mode="server", max_completion_length=16), "deterministic"),
     (True, dict(use_vllm=True, vllm_mode="server"), "stream"),
     (True, dict(use_vllm=True, vllm_mode="server", filling="full"), "stream"),
-    (True, dict(use_vllm=True, vllm_mode="server", pruning="arrol", detect_length=32), "events"),
+    (True, dict(use_vllm=True, vllm_mode="server", pruning="arrol", detect_length=32), "stream"),
     (True, dict(use_vllm=True, vllm_mode="colocate"), "stream"),
     (True, dict(use_vllm=True, vllm_mode="colocate", filling="full"), "deterministic"),
     (True, dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True), "events"),
-    (True, dict(use_vllm=True, vllm_mode="colocate", pruning="random", detect_length=32), "events"),
+    (True, dict(use_vllm=True, vllm_mode="colocate", pruning="random", detect_length=32), "stream"),
+    (True, dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, pruning="random", detect_length=32),
+     "events"),
 ])
 def test_auto_picks_the_measured_faster_mode(tmp_path, cuda, kw, mode):
     args = make_args(str(tmp_path), pacing="cero", filling=kw.pop("filling", "sara"), rollout_budget=64,

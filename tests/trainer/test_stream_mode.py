@@ -72,7 +72,9 @@ def test_stream_carries_groups_across_rounds(tmp_path):
 def test_stream_mode_is_checked(tmp_path):
     with pytest.raises(ValueError, match="max_staleness"):
         build(tmp_path, rollout_mode="stream", max_staleness=0)
-    with pytest.raises(ValueError, match="does not prune yet"):
+    with pytest.raises(ValueError, match="one optimizer step"):
+        build(tmp_path, rollout_mode="stream", steps_per_generation=2)
+    with pytest.raises(ValueError, match="prunes .* inside a vLLM engine"):  # (in-stream: tests/trainer/test_colocate.py)
         build(tmp_path, rollout_mode="stream", pruning="random", detect_length=2)
 
 

@@ -125,8 +125,12 @@ class StreamedRollouts:
         self._request_prefix = f"{REQUEST_PREFIX}{uuid.uuid4().hex[:12]}-"
         self.scores_in_engine, self.scoring_s, self.scored, self.hook_s = quality_head is not None, 0.0, 0, 0.0
         if quality_head is not None:
-            payload = _head_payload(quality_head.state_dict())
-            self.hook_s = -self._rpc("load_quality_head", payload, int(quality_head.detect_length))["hook_s"]
+            self.hook_s = -self.load_head(quality_head)["hook_s"]
+
+    def load_head(self, quality_head):
+        """Send the quality head's current weights to the engine's worker (which scores with them from now on: a
+        stream re-sends them after each weight push); returns the worker's answer (its cumulative `hook_s`)."""
+        return self._rpc("load_quality_head", _head_payload(quality_head.state_dict()), int(quality_head.detect_length))
 
     @property
     def in_flight(self):

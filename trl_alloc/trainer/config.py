@@ -113,7 +113,7 @@ class AllocGRPOConfig(GRPOConfig):
     rollout_mode_reason = None  # why rollout_mode="auto" chose what it did (set by __post_init__)
     rollout_mode: str = field(default="auto", metadata={
         "help": "'auto': the mode measured faster for this run (trainer/rollout_mode.py: deterministic without a GPU "
-        "vLLM engine, stream on a vLLM server or colocate GPU with an adaptive filler, events with pruning). "
+        "vLLM engine, stream on a vLLM server or colocate GPU with an adaptive filler, events with sleep mode). "
         "'deterministic': each round is a sequence of batched generation calls (bit-exact for a seed). "
         "'events': rollouts are started within a window and decided on one at a time as they end, the surplus "
         "aborted (vLLM server mode streams them; transformers generation batches what is pending). 'stream': one "
@@ -190,9 +190,10 @@ class AllocGRPOConfig(GRPOConfig):
         if int(self.max_staleness) < 1:
             raise ValueError(f"`max_staleness` must be >= 1, got {self.max_staleness}: a stream's rollouts started "
                              "while a round trains are one version old (rollout_mode='events' stays on-policy).")
-        if self.rollout_mode == "stream" and self.pruning != "none":
-            raise ValueError(f"rollout_mode='stream' does not prune yet (pruning={self.pruning!r}); use "
-                             "rollout_mode='events' for pruning inside the stream, or pruning='none'.")
+        if self.rollout_mode == "stream" and self.pruning != "none" and not self.use_vllm:
+            raise ValueError(f"rollout_mode='stream' prunes (pruning={self.pruning!r}) inside a vLLM engine, at the "
+                             "detection point; without vLLM use rollout_mode='events' or 'deterministic' (two-phase "
+                             "pruning), or --use_vllm.")
         if self.rollout_mode == "stream" and self.steps_per_round > 1:
             raise ValueError("rollout_mode='stream' trains each round in one optimizer step (steps_per_round=1): "
                              "the next round's rollouts are already running on its weights.")

@@ -8,10 +8,12 @@ events or stream were not measured to pay, since it is also the bit-exact one.
 | vLLM on a CPU | deterministic | live CPU server: events and stream not faster than stock's synchronous calls |
 | completions capped at <= 32 tokens | deterministic | one request per rollout costs more than it saves (2.48x) |
 | vLLM server on GPUs | stream | engine model: CERO+SARA 13.33 vs 36.37 events, stock 13.86 vs 24.61 |
-| ... with pruning | events | stream does not prune yet |
+| ... with pruning | stream | engine model, CERO+SARA with pruning: 12.75 (0.52x stock) |
 | vLLM colocate on one GPU, filling full | deterministic | full groups: one call either way |
 | vLLM colocate, adaptive filling | stream | engine model, one GPU: CERO+SARA 5.65 vs 7.18 events, 15.79 sync, stock 7.92 |
-| ... with pruning or sleep mode | events | stream does not prune; sleep mode drops the carried KV cache |
+| ... with pruning | stream | engine model, one GPU: CERO+SARA with pruning 4.52 vs 5.32 events |
+| ... with sleep mode | events | sleep mode drops a stream's carried KV cache |
+| ... with pruning on several processes | deterministic | in-engine pruning runs on one colocate process for now |
 """
 
 SHORT_COMPLETIONS = 32  # tokens: at or below this cap, one streamed request per rollout does not pay
@@ -28,8 +30,8 @@ def choose_rollout_mode(args, cuda):
                                  "costs more than event-driven filling saves")
     if args.vllm_mode == "colocate" and args.filling == "full":
         return "deterministic", "colocate with full groups: one generation call either way, nothing to overlap"
-    if args.pruning != "none":
-        return "events", "pruning runs inside the event stream (stream mode does not prune yet)"
+    if args.vllm_mode == "colocate" and args.pruning != "none" and args.world_size > 1:
+        return "deterministic", "pruning inside a colocate engine runs on one process for now (two-phase pruning here)"
     if args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode:
         return "events", "colocate with sleep mode: a stream's carried rollouts would lose their KV cache"
     if args.vllm_mode == "colocate":

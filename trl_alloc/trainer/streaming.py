@@ -109,8 +109,15 @@ class EventRoundMixin:
             for row, r in zip(new, batch):
                 row["rid"] = r["rid"]
             rows.extend(new)
-            self._allocator(lambda: driver.observe(new))
+            self._allocator(lambda: self._observe(driver, new))
         return rows
+
+    def _observe(self, driver, rows):
+        """(main process) The driver decides on the rows; in a stream, whose driver feeds the filler's event round
+        directly, the pruner also learns from them here (an events round's engine does it itself)."""
+        driver.observe(rows)
+        if isinstance(driver, StreamDriver) and self.pruner is not None:
+            self.pruner.record([r for r in rows if not r.get("aborted")])
 
     def _run_event_round(self):
         """The round's rows and its log (the order of events, seconds waited on the engine), on every rank."""
@@ -133,6 +140,15 @@ class EventRoundMixin:
                 vg.llm.sleep(level=2)
                 vg._llm_weights_sleeping = True
 
+    def _in_stream_pruning(self):
+        """With vLLM and a pruner: ARROL at the detection point, on the engine's scores (the driver's arguments)."""
+        if not (self.use_vllm and self.pruner is not None):
+            return {}
+
+        def prune(snapshots):
+            return self.pruner.decide_snapshots(snapshots, self.engine.current_round)
+        return {"detect_at": self.pruner.detect_length, "on_detect": prune}
+
     def _close_rollouts(self, rollouts):
         """Stop what still runs (with `colocate_ranks`: on every rank's engine)."""
         try:
@@ -152,16 +168,10 @@ class EventRoundMixin:
         rollouts = self._rollout_engine() if main or self.colocate_ranks else None
 
         if main:
-            in_stream = self.use_vllm and self.pruner is not None
-
-            def prune(snapshots):  # ARROL at the detection point, on the engine's scores
-                return self.pruner.decide_snapshots(snapshots, self.engine.current_round)
-
             driver = RoundDriver(self.engine, rollouts, prompt_ids_of,
                                  self.args.max_completion_length, self.rollout_window,
                                  timeout=self.args.vllm_server_timeout if self.use_vllm else None,
-                                 detect_at=self.pruner.detect_length if in_stream else None,
-                                 on_detect=prune if in_stream else None)
+                                 **self._in_stream_pruning())
         try:
             rows = self._poll_round(driver)
         finally:
@@ -188,19 +198,20 @@ class StreamRoundMixin:
             if main:
                 self._stream = StreamDriver(rollouts, self._prompt_ids_of, self.args.max_completion_length,
                                             self.rollout_window, self.args.vllm_server_timeout if self.use_vllm else None,
-                                            max_staleness=self.args.max_staleness)
+                                            max_staleness=self.args.max_staleness, **self._in_stream_pruning())
         return self._stream
 
     def _stream_push(self):
         """After an optimizer step: the new weights to the engine (paused with `mode=keep`), one version on."""
         if self.state.global_step == self._stream_step:
             return
-        if self.colocate:  # the engine only steps when the driver polls it: nothing to pause
-            sync_vllm_weights(self)
-        elif self.use_vllm:
-            client = self.vllm_generation.vllm_client
-            with client.paused() if self.accelerator.is_main_process else contextlib.nullcontext():
+        main = self.accelerator.is_main_process
+        server = self.use_vllm and not self.colocate  # (a colocate engine only steps when polled: nothing to pause)
+        with self.vllm_generation.vllm_client.paused() if server and main else contextlib.nullcontext():
+            if self.use_vllm:
                 sync_vllm_weights(self)
+            if self.use_vllm and self.pruner is not None and main:  # the head trained at the close scores from now on
+                self._stream.rollouts.load_head(self.pruner.head)
         self._stream_step = self.state.global_step
         self._allocator(lambda: self._stream.push())
 
