@@ -53,7 +53,8 @@ def test_bench_rollout_on_the_colocate_engine(tmp_path):
            "--model", str(tmp_path / "model"), "--dataset", "builtin:arithmetic", "--levels", "1", "--rounds", "2",
            "--groups", "2", "--num_generations", "4", "--max_completion_length", "8", "--detect_length", "3",
            "--cold_start", "0", "--gpu_memory_utilization", "0.1", "--max_model_len", "128",
-           "--methods", "stock,stock_arrol_events,cero_sara_events,cero_sara_stream", "--train_s", "0.2",
+           "--methods", "stock,stock_arrol_events,cero_sara_events,cero_sara_stream,cero_sara_arrol_stream",
+           "--train_s", "0.2",
            "--output_dir", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -62,5 +63,6 @@ def test_bench_rollout_on_the_colocate_engine(tmp_path):
     assert out["stock_arrol_events"]["responses"] == 16
     scoring = out["stock_arrol_events"]["scoring"]  # the colocate engine's scores vs the trainer-side forward
     assert scoring["scored"] >= 1 and scoring["max_abs_score_diff"] < 0.05
-    for name in ("cero_sara_events", "cero_sara_stream"):
+    for name in ("cero_sara_events", "cero_sara_stream", "cero_sara_arrol_stream"):
         assert 0 < out[name]["responses"] <= 16 and out[name]["s_per_round"] >= 0.2
+    assert 0 <= out["cero_sara_arrol_stream"]["pruned"] <= out["cero_sara_arrol_stream"]["responses"]

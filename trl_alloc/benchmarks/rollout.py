@@ -33,6 +33,7 @@ ROLLOUT_METHODS = {
     "sara_events": ("uniform", "sara", "events", {}),
     "cero_sara_events": ("cero", "sara", "events", {}),
     "cero_sara_stream": ("cero", "sara", "stream", {}),
+    "cero_sara_arrol_stream": ("cero", "sara", "stream", ARROL),
     "cero_sara_arrol_events": ("cero", "sara", "events", ARROL),
     "cero_sara_arrol_mixed_events": ("cero", "sara", "events", {**ARROL, "prune_undecided": False}),
 }
@@ -133,7 +134,7 @@ def run_rounds(method, config, backend, prompt_ids_of, score, rounds, num_prompt
     and, with pruning, the scored snapshots of the last round."""
     mode = ROLLOUT_METHODS[method][2]
     if mode == "stream":
-        return _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, train_s)
+        return _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, train_s, hidden_size)
     events = mode == "events"
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
     pruner = None if config.pruning == "none" else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
@@ -190,15 +191,20 @@ def _recording(score):
     return completed, scored
 
 
-def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, train_s):
+def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, train_s, hidden_size=None):
     """`run_rounds` as one stream across rounds: the next round opens and submits before the trainer's step (on a
-    colocate engine, which idles meanwhile, after it; and each round waits for its groups)."""
+    colocate engine, which idles meanwhile, after it; and each round waits for its groups). With pruning, ARROL in
+    the stream: the head (trained at each close) is re-sent to the engine after each push."""
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
-    engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan)
+    pruner = None if config.pruning == "none" else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
+    engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
     window = config.rollout_max_inflight or config.generation_batch_size
-    rollouts = backend.rollouts(config, window)
+    rollouts = backend.rollouts(config, window, None if pruner is None else pruner.head)
+    detect = {} if pruner is None else {
+        "detect_at": pruner.detect_length, "on_observe": pruner.record,
+        "on_detect": lambda snaps: pruner.decide_snapshots(snaps, engine.current_round)}
     driver = StreamDriver(rollouts, prompt_ids_of, config.max_completion_length, window, timeout=600,
-                          max_staleness=config.max_staleness)
+                          max_staleness=config.max_staleness, **detect)
     per_round, staleness = [], []
     completed, score = _recording(score)
     wait = backend.colocate
@@ -209,6 +215,7 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
             driver.start(engine.current_round)
             for i in range(rounds):
                 t0, spent0, tokens0, aborted0 = time.perf_counter(), driver.spent, driver.tokens, driver.aborted
+                pruned0 = len(driver.pruned)
                 driver.run(score)
                 summary = engine.finish_round()
                 staleness.extend(row["staleness"] for row in driver.trained)
@@ -219,12 +226,15 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
                     driver.start(engine.current_round)
                 time.sleep(train_s)  # the trainer's step: a server generates meanwhile
                 driver.push()
+                if pruner is not None:
+                    rollouts.load_head(pruner.head)
                 if more and backend.colocate:
                     engine.start_round(True, carry=driver.carry, wait_for_groups=True)
                     driver.start(engine.current_round)
                 per_round.append({"s": time.perf_counter() - t0, "responses": stats["responses"],
                                   "tokens": driver.tokens - tokens0, "aborted": driver.aborted - aborted0,
-                                  "pruned": 0, "effective_groups": stats["effective_groups"],
+                                  "pruned": len(driver.pruned) - pruned0,
+                                  "effective_groups": stats["effective_groups"],
                                   "groups": stats["groups"],
                                   "submissions": stats["generation_calls"], "carried": driver.carried,
                                   "stale_aborted": stats["expired"], "started": driver.spent - spent0})

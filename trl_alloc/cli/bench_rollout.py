@@ -14,6 +14,7 @@ Methods, at equal settings (B target groups of k, the same prompts, max tokens a
   dapo_stream       dynamic sampling as a stream: groups running at the target go on into the next round
   cero_sara_events  CERO + SARA as events, CERO pacing stock's total budget
   cero_sara_stream  CERO + SARA as one stream across rounds (rollout_mode='stream', --max_staleness)
+  cero_sara_arrol_stream  the same with ARROL in the stream (the head re-sent after each push)
   cero_sara_arrol_events  the same with ARROL in the stream: the worker scores each rollout at
                     `--detect_length` tokens, pruned ones are aborted in the engine (head trained online,
                     `--cold_start` rounds without pruning)

@@ -188,8 +188,11 @@ class StreamDriver(RoundDriver):
     """
 
     def __init__(self, rollouts, prompt_ids_of, max_tokens, max_inflight=None, timeout=None, max_staleness=1,
-                 detect_at=None, on_detect=None):
+                 detect_at=None, on_detect=None, on_observe=None):
+        """`on_observe(rows)`: also told every observed batch (a stream's event rounds are fed directly, so the
+        pruner that learns from ended rollouts, which an events round's engine feeds, is fed here)."""
         super().__init__(None, rollouts, prompt_ids_of, max_tokens, max_inflight, timeout, detect_at, on_detect)
+        self.on_observe = on_observe
         self.max_staleness = int(max_staleness)
         if self.max_staleness < 1:
             raise ValueError(f"`max_staleness` must be >= 1 in stream mode (got {max_staleness}): rollouts started "
@@ -259,6 +262,8 @@ class StreamDriver(RoundDriver):
         for row in rows:
             if not row["aborted"]:
                 self.held.setdefault(int(row["pid"]), []).append(row)
+        if self.on_observe is not None:
+            self.on_observe([row for row in rows if not row["aborted"]])
         self._after_observe(self.allocator.observe_rollouts(rows))
 
     def _after_observe(self, cancelled):

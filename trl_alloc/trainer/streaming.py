@@ -109,15 +109,8 @@ class EventRoundMixin:
             for row, r in zip(new, batch):
                 row["rid"] = r["rid"]
             rows.extend(new)
-            self._allocator(lambda: self._observe(driver, new))
+            self._allocator(lambda: driver.observe(new))
         return rows
-
-    def _observe(self, driver, rows):
-        """(main process) The driver decides on the rows; in a stream, whose driver feeds the filler's event round
-        directly, the pruner also learns from them here (an events round's engine does it itself)."""
-        driver.observe(rows)
-        if isinstance(driver, StreamDriver) and self.pruner is not None:
-            self.pruner.record([r for r in rows if not r.get("aborted")])
 
     def _run_event_round(self):
         """The round's rows and its log (the order of events, seconds waited on the engine), on every rank."""
@@ -198,7 +191,8 @@ class StreamRoundMixin:
             if main:
                 self._stream = StreamDriver(rollouts, self._prompt_ids_of, self.args.max_completion_length,
                                             self.rollout_window, self.args.vllm_server_timeout if self.use_vllm else None,
-                                            max_staleness=self.args.max_staleness, **self._in_stream_pruning())
+                                            max_staleness=self.args.max_staleness, **self._in_stream_pruning(),
+                                            on_observe=self.pruner and self.pruner.record)
         return self._stream
 
     def _stream_push(self):
