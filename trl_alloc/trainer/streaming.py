@@ -121,10 +121,12 @@ class EventRoundMixin:
 
     @contextlib.contextmanager
     def _colocate_awake(self):
-        """Colocate with sleep mode: the KV cache is woken for the round and everything sleeps after it, as TRL's
-        own generation step does."""
+        """Colocate with sleep mode: the weights (level 2 discards them: pushed again unless this round's push just
+        did) and the KV cache are woken for the round, and everything sleeps after it, as TRL's generation step does."""
         vg = self.vllm_generation if self.colocate and self.args.vllm_enable_sleep_mode else None
         if vg is not None:
+            if getattr(vg, "_llm_weights_sleeping", False):  # (every rank: a collective under ZeRO-3)
+                vg.sync_weights()
             vg.llm.wake_up(tags=["kv_cache"])
         try:
             yield
