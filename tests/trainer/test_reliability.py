@@ -490,20 +490,24 @@ def test_plan_budget_remainder_does_not_stretch_the_run(tmp_path):
 def test_groups_mixed_by_success_but_flat_in_the_loss_are_reported(tmp_path, capsys):
     """A verifier at reward weight 0 next to a constant format reward: the allocator's groups are mixed, the loss's
     rewards are not. Warned, naming the weights, and the summary says nothing was trained (no parameter moved)."""
-    model, tok, ds, verifier = tiny_setup()
+    model, tok, ds, _ = tiny_setup()
+
+    def alternating_verifier(completions, **kwargs):  # 0, 1, 0, 1 within each group of k = 4: every group is mixed
+        return [float(i % 2) for i in range(len(completions))]
 
     def format_reward(completions, **kwargs):
         return [1.0] * len(completions)
 
+    verifier = alternating_verifier
     args = make_args(str(tmp_path), pacing="uniform", filling="full", num_rounds=3, reward_weights=[0.0, 1.0],
-                     success_reward_funcs=["first_digit_reward"], temperature=2.0)
+                     success_reward_funcs=["alternating_verifier"])
     t = AllocGRPOTrainer(model=model, reward_funcs=[verifier, format_reward], args=args, train_dataset=ds,
                          processing_class=tok)
     before = params(t)
     t.train()
     out = capsys.readouterr().out
     assert sum(h["effective_groups"] for h in t.engine.history) > 0  # mixed by the verifier...
-    assert "have a constant training reward (reward weights: first_digit_reward=0, format_reward=1)" in out
+    assert "have a constant training reward (reward weights: alternating_verifier=0, format_reward=1)" in out
     assert not t.allocation_summary["trained"] and same_params(before, params(t))  # ...but nothing moved
 
 

@@ -78,14 +78,15 @@ def engine_table(args):
     for name, (method, mode, keep, s) in runs.items():
         rows[name] = simulate_engine(method, mode, argparse.Namespace(**{**vars(args), "max_staleness": s or 1}),
                                      args.engine_rounds, keep)
-    gpus = 1 if getattr(args, "colocate", False) else args.gpus_per_engine + args.train_gpus
+    colocate = getattr(args, "colocate", False)  # (a caller's namespace may predate --colocate)
+    gpus = 1 if colocate else args.gpus_per_engine + args.train_gpus
     print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step (+ "
           f"{getattr(args, 'step_ms_per_seq', 0.0):g} ms per "
           f"running sequence), lengths median "
           f"{args.length_median:g} (σ {args.length_sigma:g}) cut at {args.max_tokens}, window {args.window}, "
           f"first {args.engine_rounds} rounds; training {args.train_ms_per_token:g} ms per trained token on each of "
           f"{args.train_gpus} GPUs, weight push {args.sync_s:g} s; GPU-s = wall × {gpus} GPUs"
-          f"{' (colocate: one GPU generates and trains in turn)' if getattr(args, 'colocate', False) else ''}; pruning: random at "
+          f"{' (colocate: one GPU generates and trains in turn)' if colocate else ''}; pruning: random at "
           f"κ = {args.prune_keep:g} at {args.detect_length} tokens")
     cols = ("s/round", "train s/round", "GPU-s/eff", "responses/eff", "tokens/eff", "aborted", "carried", "stale",
             "pruned", "idle")

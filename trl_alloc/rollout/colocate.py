@@ -67,7 +67,7 @@ class VLLMColocateRollouts(StreamedRollouts):
     def _start(self, r, cancel):
         params = self._sampling(max_tokens=r.max_tokens, **self._params,
                                 **({} if self.seed is None else {"seed": int(self.seed) + r.rid}))
-        request_id = f"cmpl-{self.request_id(r.rid)}-0"  # the form the worker's scores are keyed by
+        request_id = self._engine_id(r.rid)
         self._by_request[request_id] = r
         self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": r.prompt_ids}, params)
 
@@ -103,8 +103,11 @@ class VLLMColocateRollouts(StreamedRollouts):
             out.append(self._done.get_nowait())
         return out
 
+    def _engine_id(self, rid):
+        return f"cmpl-{self.request_id(rid)}-0"  # the form the worker's scores are keyed by (as the server's)
+
     def _stop(self, rid):
-        request_id = f"cmpl-{self.request_id(rid)}-0"
+        request_id = self._engine_id(rid)
         r = self._by_request.pop(request_id, None)
         if r is None:
             return

@@ -51,6 +51,7 @@ from .streaming import EventRoundMixin, StreamRoundMixin
 from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_vllm_client, tokenize_prompts, train_metrics,
                          use_inplace_colocate_push)
 
+
 class _Ticks(torch.utils.data.Dataset):
     """The train 'dataloader' only paces the loop: one item per micro-step; the round picks prompts."""
 
