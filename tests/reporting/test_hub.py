@@ -117,3 +117,17 @@ def test_card_says_which_held_out_split_was_used(tmp_path):
     card = str(render_model_card(make_args(str(tmp_path)), {"rounds": 2}, "run", evaluation=evaluation))
     assert "| held_out_split | 10 rows held out of data.jsonl (10%, seed 0); the pool is the other 90 |" in card
     assert "| `success_threshold` | 0.5 |" in card
+
+
+def test_a_card_written_before_the_runs_report_still_has_its_figures(tmp_path):
+    """A checkpoint push's card (no `allocation/summary.json` yet) takes its figures from the engine's history."""
+    model, tok, ds, reward = tiny_setup(seed=0)
+    trainer = AllocGRPOTrainer(model=model, reward_funcs=reward, processing_class=tok, train_dataset=ds,
+                               args=make_args(str(tmp_path), num_rounds=2))
+    trainer.train()
+    os.remove(os.path.join(tmp_path, "allocation", "summary.json"))
+    trainer.create_model_card()
+    card = open(os.path.join(tmp_path, "README.md"), encoding="utf-8").read()
+    assert os.path.isfile(os.path.join(tmp_path, "allocation", "summary.json"))
+    responses = trainer.engine.counters["responses"]
+    assert f"| responses spent | {responses} |" in card and responses > 0

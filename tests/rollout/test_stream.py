@@ -15,7 +15,7 @@ from trl_alloc.allocation.pipeline import round_arguments
 from trl_alloc.rollout.simulated import SimulatedRollouts, simulate_engine
 from trl_alloc.rollout.streaming import StreamDriver
 
-FILLERS = {"full": {}, "sara": {"tau_low": 0.45}, "dynamic_sampling": {"max_generation_batches": 50}}
+FILLERS = {"full": {}, "sara": {"tau_low": 0.45}, "dynamic_sampling": {"max_generation_batches": 6}}
 
 
 class LateAborts(SimulatedRollouts):
@@ -51,7 +51,7 @@ def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.
         if pacer.finished:
             break
         carry = json.loads(json.dumps(carry))  # what a checkpoint holds: JSON, string keys
-        rnd = filler.start_event_round(**round_arguments(pacer, pacer.propose(), filling, k, carry=carry))
+        rnd = filler.start_event_round(**round_arguments(pacer, filler, pacer.propose(), carry=carry))
         driver.start(rnd)
         while (batch := driver.poll()) is not None:
             rows = [{"pid": r.tag, "completion_ids": r.token_ids,

@@ -78,6 +78,7 @@ def train(out, overrides, resume=None):
     from helpers import build_served_model, make_args
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trl_alloc.allocation.engine import read_round_log
     from trl_alloc.serving.protocol import state_checksum
     from trl_alloc.trainer import AllocGRPOTrainer
 
@@ -115,7 +116,7 @@ def train(out, overrides, resume=None):
     engine = trainer.engine
     return {"budget": kw.get("rollout_budget"), "remaining": engine.pacer.remaining_responses,
             "counters": engine.counters, "history_responses": [h["responses"] for h in engine.history],
-            "events": [entry.get("events") or [] for entry in engine.round_log],
+            "events": [entry.get("events") or [] for entry in read_round_log(trainer.round_log_path)],
             "carried": sum(h.get("carried", 0) for h in engine.history), "seen": seen, "pushes": pushes,
             "global_step": trainer.state.global_step, "logged": sorted({k for x in trainer.state.log_history for k in x})}
 

@@ -1,5 +1,6 @@
 """Launched by tests/test_trainer.py under `accelerate launch` (2 CPU processes): trains a few rounds and
-writes each rank's decisions to <out>/rank<r>.json, so the test can check all ranks acted identically. With
+writes each rank's decisions to <out>/rank<r>.json (and the main process's round log, read back from
+output_dir/allocation/rounds.jsonl), so the test can check all ranks acted identically. With
 "colocate": true, every rank generates with its own vLLM colocate engine (the vLLM tests' model, from a folder)."""
 
 import json
@@ -12,7 +13,7 @@ from helpers import build_served_model, make_args, tiny_setup  # noqa: E402
 
 from transformers import TrainerCallback  # noqa: E402
 
-from trl_alloc.allocation.engine import json_default as _json_default  # noqa: E402
+from trl_alloc.allocation.engine import json_default as _json_default, read_round_log  # noqa: E402
 from trl_alloc.trainer import AllocGRPOTrainer  # noqa: E402
 
 
@@ -71,13 +72,24 @@ def main():
     checks = Checksums()
     checks.trainer = trainer
     trainer.add_callback(checks)
+    decided, events_here, record_round = [], [], trainer.engine.record_round
+
+    def recorded(*a, **kw):  # what this rank decided each round (requests, committed groups), and whether the
+        entry = record_round(*a, **kw)  # round's events reached it
+        line = json.loads(json.dumps(trainer.engine.last_round_log, default=_json_default))
+        events_here.append(line.pop("events", None) is not None)
+        decided.append(line)
+        return entry
+
+    trainer.engine.record_round = recorded
     trainer.train(resume_from_checkpoint=resume)
     rank = trainer.accelerator.process_index
-    record = {"round_log": trainer.engine.round_log, "counters": trainer.engine.counters, "global_step": trainer.state.global_step,
-              "world": trainer.accelerator.num_processes, "param_sums": checks.sums,
-              "rank_rollouts": getattr(trainer, "colocate_rank_rollouts", None)}
+    record = {"decided": decided, "events_here": events_here, "counters": trainer.engine.counters,
+              "global_step": trainer.state.global_step, "world": trainer.accelerator.num_processes,
+              "param_sums": checks.sums, "rank_rollouts": getattr(trainer, "colocate_rank_rollouts", None)}
     if trainer.accelerator.is_main_process:
         record["allocation_state"] = trainer.allocation_state()
+        record["round_log"] = read_round_log(trainer.round_log_path)  # written by the main process only
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f, default=_json_default)
     trainer.accelerator.wait_for_everyone()

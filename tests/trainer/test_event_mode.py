@@ -1,6 +1,7 @@
 """AllocGRPOTrainer with rollout_mode="events" (trainer/streaming.py) on the tiny model, transformers
 generation: the exactness of the deterministic mode (budget, resume, groups from their own round) holds,
-every started rollout ends exactly once, and the order of events is in the round log."""
+every started rollout ends exactly once, and the order of events is in the round log (output_dir/allocation/rounds.jsonl,
+one line per round, written by the main process)."""
 
 import importlib.util
 import json
@@ -12,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 from helpers import build  # noqa: E402
 
-from trl_alloc.allocation.engine import json_default  # noqa: E402
+from trl_alloc.allocation.engine import json_default, read_round_log  # noqa: E402
 from trl_alloc.benchmarks.measure import count_generated  # noqa: E402
 from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
 
@@ -42,9 +43,11 @@ def test_events_never_generate_past_the_budget(tmp_path, pacing, filling):
     spent = budget - trainer.engine.pacer.remaining_responses
     assert generated["n"] == trainer.engine.counters["responses"] == spent <= budget
     assert trainer.state.global_step == trainer.engine.counters["rounds"] <= 6
-    started = [check_events(entry) for entry in trainer.engine.round_log]
-    assert sum(started) == spent and all(h["responses"] == n for h, n in zip(trainer.engine.history, started))
-    assert any(entry["groups"] for entry in trainer.engine.round_log)  # something was trained
+    log = read_round_log(trainer.round_log_path)
+    assert [entry["round"] for entry in log] == list(range(trainer.engine.counters["rounds"]))
+    started = [check_events(entry) for entry in log]
+    assert sum(started) == spent and [h["responses"] for h in trainer.engine.history] == started
+    assert any(entry["groups"] for entry in log)  # something was trained
     assert all(h["aborted"] == 0 for h in trainer.engine.history)  # batched generation: nothing left running
     logged = {k for x in trainer.state.log_history for k in x}
     assert {"alloc/responses_aborted", "alloc/engine_wait_s"} <= logged
@@ -76,7 +79,8 @@ def test_events_resume_restores_the_allocator_and_reproduces_decisions(tmp_path)
     resumed.train(resume_from_checkpoint=str(ckpt))
     after_load = json.loads(json.dumps(resumed.allocation_state(), default=json_default))
     assert saved["counters"]["rounds"] == 2
-    assert resumed.engine.round_log == full.engine.round_log[2:]  # the same events, groups, in the same order
+    # the same events, groups, in the same order (another output_dir: its file holds the rounds it ran)
+    assert read_round_log(resumed.round_log_path) == read_round_log(full.round_log_path)[2:]
     assert after_load["pacer"] == full.allocation_state()["pacer"]
 
 
@@ -119,7 +123,7 @@ def test_events_through_the_vllm_server(tmp_path):
             assert client.weights_checksum()["num_pushes"] >= trainer.state.global_step
             spent = budget - trainer.engine.pacer.remaining_responses
             assert trainer.engine.counters["responses"] == sum(len(r) for r, _ in seen) == spent <= budget
-            assert sum(check_events(e) for e in trainer.engine.round_log) == spent
+            assert sum(check_events(e) for e in read_round_log(trainer.round_log_path)) == spent
             for rows_, groups in seen:
                 for r in rows_:
                     assert len(r["completion_ids"]) <= 8
@@ -136,7 +140,8 @@ def test_events_through_the_vllm_server(tmp_path):
         trainer, seen = run("arrol", 48, pacing="uniform", filling="full", pruning="arrol", detect_length=2,
                             cold_start_steps=1, head_hidden_size=16, keep_ratio=0.5, per_device_train_batch_size=16)
         pruned = [r for r in seen if r["pruned"]]
-        prunes = [(pid, rid) for e in trainer.engine.round_log for kind, pid, rid in e["events"] if kind == "prune"]
+        prunes = [(pid, rid) for e in read_round_log(trainer.round_log_path) for kind, pid, rid in e["events"]
+                  if kind == "prune"]
         assert len(prunes) == len(pruned) == trainer.pruner.totals["pruned"] == sum(h["pruned"] for h in
                                                                                      trainer.engine.history)
         assert {r["rid"] for r in pruned} == {rid for _, rid in prunes}
@@ -165,5 +170,6 @@ def test_events_keep_arrol_two_phase_pruning_with_transformers_generation(tmp_pa
     pruned = [r for r in rows if r["pruned"]]
     assert pruned and all(len(r["completion_ids"]) == 2 for r in pruned)  # cut at detect_length
     assert sum(h["pruned"] for h in trainer.engine.history) == len(pruned) == trainer.pruner.totals["pruned"]
-    assert trainer.engine.counters["responses"] == len(rows) == sum(check_events(e) for e in trainer.engine.round_log)
+    log = read_round_log(trainer.round_log_path)
+    assert trainer.engine.counters["responses"] == len(rows) == sum(check_events(e) for e in log)
     assert all(not r["pruned"] for r in trainer._round_loss_rows)

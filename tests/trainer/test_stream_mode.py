@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 from helpers import build  # noqa: E402
 
-from trl_alloc.allocation.engine import json_default  # noqa: E402
+from trl_alloc.allocation.engine import json_default, read_round_log  # noqa: E402
 from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
 
 
@@ -33,7 +33,9 @@ def check_stream(trainer, seen, budget, max_staleness):
     spent = budget - trainer.engine.pacer.remaining_responses
     assert trainer.engine.counters["responses"] == spent <= budget  # spent at submission, in flight included
     assert sum(h["responses"] for h in trainer.engine.history) == spent
-    events = [e for entry in trainer.engine.round_log for e in entry["events"]]
+    log = read_round_log(trainer.round_log_path)  # one line per round, with the events that round saw
+    assert [entry["round"] for entry in log] == list(range(trainer.engine.counters["rounds"]))
+    events = [e for entry in log for e in entry["events"]]
     submitted = [rid for kind, _, rid in events if kind == "submit"]
     ended = Counter(rid for kind, _, rid in events if kind != "submit")
     assert len(submitted) == len(set(submitted)) == spent  # every started rollout is in the log once...

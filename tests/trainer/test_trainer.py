@@ -21,7 +21,7 @@ from helpers import ROOT, SCRIPTED, build, make_args, scripted_generation, tiny_
 
 from trl_alloc.benchmarks.measure import count_generated  # noqa: E402
 from trl_alloc.trainer.config import AllocDAPOConfig  # noqa: E402
-from trl_alloc.allocation.engine import json_default as _json_default  # noqa: E402
+from trl_alloc.allocation.engine import json_default as _json_default, read_round_log  # noqa: E402
 from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer  # noqa: E402
 from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
 
@@ -67,7 +67,10 @@ def test_runs_exactly_num_rounds(tmp_path):
     assert trainer.state.global_step == 3
     assert trainer.engine.counters["rounds"] == 3
     assert generated["n"] == trainer.engine.counters["responses"] == 3 * 2 * 4  # 2 prompts × k=4 per round
-    assert [len(r["groups"]) for r in trainer.engine.round_log] == [2, 2, 2]
+    assert trainer.round_log_path == str(tmp_path / "allocation" / "rounds.jsonl")
+    log = read_round_log(trainer.round_log_path)  # one line per round, written as the round is recorded
+    assert [r["round"] for r in log] == [0, 1, 2] and [len(r["groups"]) for r in log] == [2, 2, 2]
+    assert log[-1] == json.loads(json.dumps(trainer.engine.last_round_log))
     logged = [h for h in trainer.state.log_history if "alloc/responses_spent" in h]
     assert [h["alloc/responses_spent"] for h in logged] == [8.0, 16.0, 24.0]
     assert logged[-1]["alloc/responses_remaining"] == 0.0
@@ -93,7 +96,9 @@ def test_never_generates_past_the_budget(tmp_path, pacing, filling):
     spent = budget - trainer.engine.pacer.remaining_responses
     assert generated["n"] == trainer.engine.counters["responses"] == spent <= budget
     assert trainer.state.global_step == trainer.engine.counters["rounds"] <= 6
-    for entry in trainer.engine.round_log:  # every loss group was generated in its own round
+    log = read_round_log(trainer.round_log_path)
+    assert len(log) == trainer.engine.counters["rounds"]
+    for entry in log:  # every loss group was generated in its own round
         asked = {pid for ids, _ in entry["requests"] for pid in ids}
         assert set(entry["groups"]) <= asked
     if filling == "sara":  # SARA's own statistics reach the log (alloc/sara/*)
@@ -109,7 +114,7 @@ def test_empty_round_leaves_parameters_unchanged(tmp_path):
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     assert trainer.state.global_step == 1 and trainer.engine.counters["empty_rounds"] == 1
-    assert trainer.engine.round_log[0]["requests"] == [] and trainer.engine.round_log[0]["groups"] == []
+    assert read_round_log(trainer.round_log_path) == [{"round": 0, "requests": [], "groups": []}]
     for a, b in zip(before, trainer.model.parameters()):
         assert torch.equal(a, b)
     assert trainer._saved_lrs is None  # the zero-lr step was undone
@@ -155,8 +160,10 @@ def test_resume_restores_allocator_and_reproduces_decisions(tmp_path):
     ckpt = tmp_path / "full" / "checkpoint-2"
     saved = json.loads((ckpt / ALLOCATION_STATE_NAME).read_text())
     assert saved["counters"]["rounds"] == 2 and saved["pacer"]["round"] == 2
+    full_log = read_round_log(full.round_log_path)
+    assert [x["round"] for x in full_log] == [0, 1, 2, 3]
 
-    resumed = build(tmp_path / "resumed", **kw)
+    resumed = build(tmp_path / "full", **kw)  # in the same output_dir: its round log goes on from checkpoint-2
     loaded = {}
     inner = resumed.load_allocation_state
 
@@ -168,7 +175,8 @@ def test_resume_restores_allocator_and_reproduces_decisions(tmp_path):
     resumed.train(resume_from_checkpoint=str(ckpt))
     assert loaded["pacer"] == saved["pacer"] and loaded["counters"] == saved["counters"]
     assert resumed.state.global_step == full.state.global_step
-    assert resumed.engine.round_log == full.engine.round_log[2:]  # the same requests and groups as the uninterrupted run
+    # the same requests and groups as the uninterrupted run; rounds 2 and 3 are in the file once, not twice
+    assert read_round_log(resumed.round_log_path) == full_log
     assert resumed.allocation_state()["pacer"] == full.allocation_state()["pacer"]
 
 
@@ -250,9 +258,15 @@ def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode, colocate):
         assert proc.returncode == 0, proc.stderr[-4000:]
         return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
+    def decisions(log):  # the main process's round log, less the events
+        return [{k: x[k] for k in ("round", "requests", "groups")} for x in log]
+
     ranks = launch(tmp_path)
-    assert ranks[0]["world"] == 2
-    assert ranks[0]["round_log"] == ranks[1]["round_log"] and ranks[0]["counters"] == ranks[1]["counters"]
+    assert ranks[0]["world"] == 2 and "round_log" not in ranks[1]  # written by the main process only
+    log = ranks[0]["round_log"]
+    assert ranks[0]["decided"] == ranks[1]["decided"] == decisions(log) and ranks[0]["counters"] == ranks[1]["counters"]
+    if mode != "deterministic":  # the order of events is in the main process's file; no other rank received it
+        assert all("events" in x for x in log) and all(ranks[0]["events_here"]) and not any(ranks[1]["events_here"])
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == ranks[0]["counters"]["rounds"]
     state = ranks[0]["allocation_state"]
     assert ranks[0]["counters"]["responses"] == 40 - state["pacer"]["remaining_responses"] <= 40
@@ -260,19 +274,19 @@ def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode, colocate):
         assert all(r["rank_rollouts"] > 0 for r in ranks)
         assert sum(r["rank_rollouts"] for r in ranks) == ranks[0]["counters"]["responses"]
     sums = ranks[0]["param_sums"]  # before training, then after each round
-    assert sums == ranks[1]["param_sums"] and len(sums) == len(ranks[0]["round_log"]) + 1
-    for i, entry in enumerate(ranks[0]["round_log"]):  # a round without groups moves no parameter
+    assert sums == ranks[1]["param_sums"] and len(sums) == len(log) + 1
+    for i, entry in enumerate(log):  # a round without groups moves no parameter
         assert (sums[i + 1] == sums[i]) == (not entry["groups"]), (i, entry["groups"])
     saved = json.loads((tmp_path / "run" / "checkpoint-2" / ALLOCATION_STATE_NAME).read_text())
     assert saved["counters"]["rounds"] == 2
     if zero == "zero2":  # resuming on 2 ranks reproduces the uninterrupted run's decisions and weights
         resumed = launch(tmp_path / "resumed", resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
-        assert resumed[0]["round_log"] == resumed[1]["round_log"]
+        assert resumed[0]["decided"] == resumed[1]["decided"] == decisions(resumed[0]["round_log"])
         if colocate:  # a fresh engine samples anew after a resume: the ranks agree and the budget holds
             spent = 40 - resumed[0]["allocation_state"]["pacer"]["remaining_responses"]
             assert resumed[0]["counters"]["responses"] == spent <= 40 and resumed[0]["global_step"] == 3
             return
-        assert resumed[0]["round_log"] == ranks[0]["round_log"][2:]
+        assert resumed[0]["round_log"] == log[2:]  # (its own output_dir: the rounds it ran)
         assert resumed[0]["param_sums"][-1] == sums[-1]
         assert resumed[0]["allocation_state"]["pacer"] == state["pacer"]
 

@@ -1,17 +1,17 @@
-"""The allocation layer: CERO, SARA, ARROL and the seeds' baselines, numpy/scipy only.
+"""The allocation layer: CERO, SARA, ARROL and the papers' baselines, numpy/scipy only.
 
 Importing this package never imports torch or TRL. Every stateful object has `state_dict()` /
 `load_state_dict()` returning JSON-serialisable data.
 """
 
-from .base import Pacer, Round
+from .base import Filler, Pacer, Round, RunContext
 from .baselines import DynamicSamplingFiller, FullFiller, KnapsackPacer, UniformPacer
 from .beta import BetaState, variance_proxy
 from .cero import (CEROFixed, CEROGreedy, CEROPreset, CEROScheduler, RandomMatched, oracle_exposure,
                    supporting_exposure, utility)
 from .sara import SARAFiller, decide, effective_probability
 
-from .registry import cero_family, method_class, method_names, register
+from .registry import method_class, method_names, register
 
 
 def make_pacer(name, num_prompts, **kwargs):
@@ -24,7 +24,7 @@ def make_filler(name, **kwargs):
     return method_class("filling", name)(**kwargs)
 
 
-__all__ = ["Pacer", "Round", "UniformPacer", "KnapsackPacer", "FullFiller", "DynamicSamplingFiller", "BetaState",
+__all__ = ["Pacer", "Filler", "Round", "RunContext", "UniformPacer", "KnapsackPacer", "FullFiller", "DynamicSamplingFiller", "BetaState",
            "variance_proxy", "CEROScheduler", "CEROFixed", "CEROPreset", "CEROGreedy", "RandomMatched",
            "oracle_exposure", "supporting_exposure", "utility", "SARAFiller", "decide", "effective_probability",
-           "register", "method_names", "method_class", "cero_family", "make_pacer", "make_filler"]
+           "register", "method_names", "method_class", "make_pacer", "make_filler"]

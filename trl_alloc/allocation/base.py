@@ -17,6 +17,8 @@ Driving loop (the trainer and every simulator use exactly this)::
     pacer.update(*rnd.outcomes(pacer.num_prompts))
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 
 SUCCESS_THRESHOLD = 0.5  # default: a response succeeds when its success score is >= 0.5
@@ -27,14 +29,55 @@ def is_success(scores, threshold=SUCCESS_THRESHOLD):
     return np.asarray(scores, dtype=float) >= threshold
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What a method is built from besides the config: the prompt pool, the horizon K, the global budget in
+    responses, the allocation seed, and (for a filler) the pacer it is paired with. `reference`: an allocation log
+    to replay, when the caller holds one in memory (`RandomMatched`)."""
+
+    num_prompts: int
+    num_rounds: int
+    budget: int
+    seed: int = 0
+    pacer: object = None
+    reference: object = None
+
+
 class Pacer:
-    """Across-round stage. Subclasses set ``num_prompts``, ``unit_size`` and ``remaining_responses``."""
+    """Across-round stage. Subclasses set ``num_prompts``, ``unit_size`` and ``remaining_responses``.
+
+    A registered pacer builds itself with ``from_config(args, context)`` (`args`: an `AllocGRPOConfig` or any
+    object with its fields) and answers the config's budget questions through the class methods below, so the
+    config never branches on its name."""
 
     num_prompts: int
     unit_size: int
     remaining_responses: int
-    paces_budget = False   # True: the proposal's units × g is the round's spend (CERO family)
-    cero_family = False    # True: budget in CERO units of `unit_size`, a round capacity (registry.cero_family)
+    method_name = None      # set by `registry.register`
+    paces_budget = False    # True: the proposal's units × unit_size is the round's spend (CERO family)
+    budget_in_units = False  # True: `rollout_budget` must be a whole number of `unit_size` responses
+    round_limit_field = "prompts_per_round"  # the config field that bounds one round's spend
+    config_kwargs = ()  # the keys it reads from the config's `pacing_kwargs` (its own hyperparameters)
+
+    @classmethod
+    def from_config(cls, args, context: RunContext) -> "Pacer":
+        """The pacer `args` configures for `context`."""
+        raise NotImplementedError(f"{cls.__name__} must define from_config(args, context) to be named in a config "
+                                  "(docs/architecture.md#adding-a-method).")
+
+    @classmethod
+    def check_config(cls, args) -> None:
+        """Refuse settings this pacer cannot run with (called when the config is validated)."""
+
+    @classmethod
+    def budget_for(cls, args, num_rounds: int) -> int:
+        """The global response budget when `rollout_budget` is not set: stock GRPO's generation batch per round."""
+        return num_rounds * args.generation_batch_size
+
+    @classmethod
+    def max_round_responses(cls, args, num_rounds: int, filler_cls) -> int | None:
+        """Most responses one round may spend (None: not bounded by the config alone)."""
+        return None
 
     def propose(self):
         """Executed units per prompt for this round (int array of length ``num_prompts``)."""
@@ -65,6 +108,64 @@ class Pacer:
 
     def load_state_dict(self, state):
         raise NotImplementedError
+
+
+class Filler:
+    """Within-round stage: `start_round` (batched requests) and `start_event_round` (one rollout at a time) open a
+    `Round` over a stream of prompts. `group_size` is k; `oversample` is the round's response cap, in groups of the
+    target, when the pacer does not pace spend."""
+
+    method_name = None  # set by `registry.register`
+    group_size: int
+    oversample = 1
+    adaptive = True  # False: every admitted prompt gets its full group, nothing is decided within the round
+    config_kwargs = ()  # the keys it reads from the config's `filling_kwargs`
+
+    @classmethod
+    def from_config(cls, args, context: RunContext) -> "Filler":
+        """The filler `args` configures for `context` (`context.pacer`: the pacer it is paired with)."""
+        raise NotImplementedError(f"{cls.__name__} must define from_config(args, context) to be named in a config "
+                                  "(docs/architecture.md#adding-a-method).")
+
+    @classmethod
+    def check_config(cls, args) -> None:
+        """Refuse settings this filler cannot run with (called when the config is validated)."""
+
+    @classmethod
+    def smallest_group(cls, args) -> int:
+        """The fewest responses that can make a trained group."""
+        return args.num_generations
+
+    @classmethod
+    def max_round_responses(cls, args, prompts: int) -> int:
+        """Most responses a round over `prompts` admitted prompts may spend when the pacer does not pace spend."""
+        return prompts * args.num_generations
+
+    def round_arguments(self, pacer, units, spend, target_groups=None, history_decay=None) -> dict:
+        """Keyword arguments of `start_round` for the pacer's proposal `units`, whose spend is `spend` responses.
+
+        A pacer that paces spend (CERO) fixes the round's budget; otherwise the filler may spend up to `oversample`
+        × target × k (what DAPO's and SARA's caps allow). The target is the number of admitted prompts unless
+        `target_groups` is set."""
+        stream = np.asarray(pacer.ranked_prompts, np.int64)
+        admitted = int((units > 0).sum())
+        target = admitted if target_groups is None or admitted == 0 else int(target_groups)
+        if not pacer.paces_budget:
+            spend = min(self.oversample * target * self.group_size, pacer.remaining_responses)
+        return {"stream": stream, "budget": spend, "target_groups": target}
+
+    def start_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None):
+        raise NotImplementedError
+
+    def start_event_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None,
+                          carry=None, wait_for_groups=False):
+        raise NotImplementedError
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
 
 
 class Round:

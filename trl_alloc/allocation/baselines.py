@@ -4,9 +4,9 @@
 import numpy as np
 
 from ._checks import check_counts, check_int
-from .base import Pacer, Round
+from .base import Filler, Pacer, Round
 from .event_rounds import BatchedEventRound, EventRound
-from .registry import register
+from .registry import method_class, register
 
 
 class _BudgetedPacer(Pacer):
@@ -54,6 +54,29 @@ class UniformPacer(_BudgetedPacer):
     so a filler that uses more prompts (SARA, dynamic sampling) advances the cursor past them.
     """
 
+    @classmethod
+    def from_config(cls, args, context):
+        ppr = args.nominal_prompts_per_round
+        if ppr > context.num_prompts:
+            raise ValueError(f"`prompts_per_round` ({ppr}) exceeds the {context.num_prompts} prompts of the training "
+                             "dataset; lower it (or `per_device_train_batch_size`), or use a larger dataset.")
+        return cls(context.num_prompts, prompts_per_round=ppr, group_size=args.num_generations,
+                   budget_responses=context.budget, seed=context.seed, **cls._config_kwargs(args))
+
+    @classmethod
+    def _config_kwargs(cls, args):
+        return {}
+
+    @classmethod
+    def budget_for(cls, args, num_rounds):
+        """Stock GRPO's responses: `prompts_per_round` groups of k per round."""
+        return num_rounds * args.nominal_prompts_per_round * args.num_generations
+
+    @classmethod
+    def max_round_responses(cls, args, num_rounds, filler_cls):
+        """The filler's cap over `prompts_per_round` prompts (a full group each, or its oversampling cap)."""
+        return filler_cls.max_round_responses(args, args.nominal_prompts_per_round)
+
     def __init__(self, num_prompts, prompts_per_round, group_size, budget_responses=None, rounds=None, seed=0):
         self.prompts_per_round = check_int("prompts_per_round", prompts_per_round, 1)
         if budget_responses is None:
@@ -84,8 +107,13 @@ class UniformPacer(_BudgetedPacer):
 
     def update(self, successes, failures, responses=None, prepaid=None):
         _, _, spent = self._consume(successes, failures, responses, prepaid)
-        used = np.flatnonzero(spent[self.ranked_prompts] > 0)
-        advance = int(used[-1]) + 1 if used.size else 0
+        self._advance_past(spent, self.ranked_prompts)
+
+    def _advance_past(self, spent, order):
+        """Move the cursor past the last prompt of `order` (the epoch order from the cursor) that spent anything;
+        returns how many prompts of `order` it passed."""
+        used = np.flatnonzero(spent[order] > 0)
+        advance = passed = int(used[-1]) + 1 if used.size else 0
         while advance > 0:
             step = min(advance, self.num_prompts - self.cursor)
             self.cursor += step
@@ -93,6 +121,7 @@ class UniformPacer(_BudgetedPacer):
             if self.cursor >= self.num_prompts:
                 self.epoch, self.cursor = self.epoch + 1, 0
                 self._order = self._epoch_order(self.epoch)
+        return passed
 
     def state_dict(self):
         return {**self._base_state(), "epoch": self.epoch, "cursor": self.cursor, "seed": self.seed}
@@ -112,6 +141,15 @@ class KnapsackPacer(UniformPacer):
     get `min_n` and extras up to `max_n`; p = 0 or 1 prompts get `min_n`; spare budget goes to p = 0.
     One unit = one response.
     """
+
+    @classmethod
+    def _config_kwargs(cls, args):
+        return {"min_n": args.knapsack_min_n, "max_n": args.knapsack_max_n}
+
+    @classmethod
+    def check_config(cls, args):
+        if method_class("filling", args.filling).adaptive:
+            raise ValueError("pacing='knapsack' sets each prompt's response count itself; use filling='full'.")
 
     def __init__(self, num_prompts, prompts_per_round, group_size, budget_responses=None, rounds=None,
                  min_n=2, max_n=None, history=16, seed=0):
@@ -205,11 +243,22 @@ class KnapsackPacer(UniformPacer):
 
 
 @register("filling", "full")
-class FullFiller:
+class FullFiller(Filler):
     """Plain GRPO filling: every admitted prompt's responses in one call; every group reaches the loss."""
+
+    adaptive = False
 
     def __init__(self, group_size):
         self.group_size = check_int("group_size", group_size, 1)
+
+    @classmethod
+    def from_config(cls, args, context):
+        return cls(group_size=args.num_generations)
+
+    def round_arguments(self, pacer, units, spend, target_groups=None, history_decay=None):
+        """Every prompt of the stream gets the responses the pacer proposed for it (`counts`)."""
+        stream = np.asarray(pacer.ranked_prompts, np.int64)
+        return {"stream": stream, "budget": spend, "target_groups": None, "counts": units[stream] * pacer.unit_size}
 
     def start_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None):
         return FullRound(stream, budget, self.group_size, target_groups, counts)
@@ -222,12 +271,6 @@ class FullFiller:
             return FullEventRound(*FullRound(stream, budget, self.group_size, target_groups, counts)._pending,
                                   budget, carry, wait_for_groups)
         return BatchedEventRound(self.start_round(stream, budget, target_groups, counts))
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
 
 
 class FullRound(Round):
@@ -257,7 +300,7 @@ class FullRound(Round):
 
 
 @register("filling", "dynamic_sampling")
-class DynamicSamplingFiller:
+class DynamicSamplingFiller(Filler):
     """DAPO dynamic sampling: full groups for batches of `batch_prompts` stream prompts, keep groups whose
     rewards vary (std > 0), repeat until `target_groups` are kept; more than `max_generation_batches`
     batches is an error (DAPO's cap)."""
@@ -266,6 +309,18 @@ class DynamicSamplingFiller:
         self.group_size = check_int("group_size", group_size, 2)
         self.max_generation_batches = check_int("max_generation_batches", max_generation_batches, 1)
         self.batch_prompts = batch_prompts
+
+    @classmethod
+    def from_config(cls, args, context):
+        return cls(group_size=args.num_generations, max_generation_batches=args.max_generation_batches)
+
+    @classmethod
+    def max_round_responses(cls, args, prompts):
+        return args.max_generation_batches * (args.target_groups or prompts) * args.num_generations
+
+    @property
+    def oversample(self):
+        return self.max_generation_batches
 
     def start_round(self, stream, budget, target_groups, counts=None, prior_a=None, prior_b=None):
         return DynamicSamplingRound(stream, budget, self.group_size, target_groups,
@@ -277,12 +332,6 @@ class DynamicSamplingFiller:
         return DynamicSamplingEventRound(stream, budget, self.group_size, check_int("target_groups", target_groups, 0),
                                          self.max_generation_batches * (self.batch_prompts or target_groups), carry,
                                          wait_for_groups)
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
 
 
 class DynamicSamplingRound(Round):

@@ -5,6 +5,8 @@ R = B/M, Z = K·N_max, c̄ = λ/R, B̄ = B/K, G_B = max(B̄, C − B̄).
 """
 
 import heapq
+import json
+import math
 
 import numpy as np
 
@@ -41,7 +43,7 @@ def even_quota(budget, rounds, k):
 
 @register("pacing", "cero")
 class CEROScheduler(_BudgetedPacer):
-    """Algorithm 1 of the CERO seed, in allocation units.
+    """Algorithm 1 of CERO (arXiv 2610.09679), in allocation units.
 
     `propose()` gives the executed units per prompt (the virtual proposal of eq. 8 clipped by the
     remaining budget); `update(successes, failures)` applies eq. 5, eq. 9 and the dual steps of
@@ -51,7 +53,39 @@ class CEROScheduler(_BudgetedPacer):
     """
 
     paces_budget = True
-    cero_family = True  # budget in units of `unit_size`, a round capacity C (registry.cero_family)
+    budget_in_units = True  # B in units of `unit_size` responses, at most C units per round
+    round_limit_field = "round_capacity"
+    capacity_headroom = 33 / 32  # default C over the mean per-round spend B/K (132 vs 128 units at paper scale)
+
+    @classmethod
+    def from_config(cls, args, context):
+        return cls(context.num_prompts, rounds=context.num_rounds, budget=context.budget // args.unit_size,
+                   round_capacity=cls.capacity(args, context.num_rounds, context.budget), max_units=args.max_units,
+                   saturation=args.saturation, forgetting=args.forgetting, prior=(args.prior_alpha, args.prior_beta),
+                   init_price=args.init_price, step_size=args.step_size, seed=context.seed, unit_size=args.unit_size,
+                   catch_up=args.catch_up)
+
+    @classmethod
+    def capacity(cls, args, num_rounds, budget):
+        """Round capacity C in units: `round_capacity`, else the mean per-round spend plus `capacity_headroom`."""
+        if args.round_capacity is not None:
+            return int(args.round_capacity)
+        return max(args.max_units, math.ceil(cls.capacity_headroom * (budget // args.unit_size) / num_rounds))
+
+    @classmethod
+    def check_config(cls, args):
+        if args.rollout_budget is not None and args.rollout_budget % args.unit_size:
+            raise ValueError(f"`rollout_budget` ({args.rollout_budget}) must be a whole number of CERO units; use a "
+                             f"multiple of `unit_size` ({args.unit_size}).")
+
+    @classmethod
+    def budget_for(cls, args, num_rounds):
+        budget = super().budget_for(args, num_rounds)
+        return budget - budget % args.unit_size
+
+    @classmethod
+    def max_round_responses(cls, args, num_rounds, filler_cls):
+        return cls.capacity(args, num_rounds, args.budget_for(num_rounds)) * args.unit_size
 
     def __init__(self, num_prompts, rounds, budget, round_capacity, max_units=2, saturation=1.0,
                  forgetting=1.0, prior=(1.0, 1.0), init_price=0.5, step_size=None, seed=0, unit_size=4,
@@ -254,6 +288,20 @@ class RandomMatched(_BudgetedPacer):
     assigned to a fixed random permutation of the prompts. `reference` is a CERO `allocation_log`."""
 
     paces_budget = True
+    replays = "cero"  # the pacing whose `allocation_log` it replays (benchmarks run that one first)
+
+    @classmethod
+    def from_config(cls, args, context):
+        reference = context.reference
+        if reference is None:
+            reference = load_reference(args.random_matched_reference)
+        return cls(context.num_prompts, reference=reference, unit_size=args.unit_size, seed=context.seed)
+
+    @classmethod
+    def check_config(cls, args):
+        if not args.random_matched_reference:
+            raise ValueError("pacing='random_matched' replays a CERO run's allocation sizes: set "
+                             "`random_matched_reference` to that run's allocation_state.json.")
 
     def __init__(self, num_prompts, reference, unit_size=4, seed=0):
         total = sum(int(np.sum(u)) for _, u in reference)
@@ -297,6 +345,19 @@ class RandomMatched(_BudgetedPacer):
         self._load_base_state(state)
         self.seed = int(state["seed"])
         self._perm = np.random.default_rng(self.seed).permutation(self.num_prompts)
+
+
+def load_reference(path):
+    """A CERO allocation log from an allocation_state.json, a pacer state or a bare log."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if isinstance(data, dict):
+        data = data.get("pacer", data)
+        if "allocation_log" not in data:
+            raise ValueError(f"{path} holds no `allocation_log`; point `random_matched_reference` at the "
+                             "allocation_state.json of a pacing='cero' run.")
+        data = data["allocation_log"]
+    return data
 
 
 def oracle_exposure(q, budget, max_exposure, R, saturation=1.0):

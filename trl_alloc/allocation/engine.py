@@ -11,7 +11,12 @@ main process only, and its result is shared with every rank):
     # or, event-driven (start_round(events=True); rollout.streaming.RoundDriver runs this part):
     #   engine.submissions(room) -> [(pid, n)] to start; engine.observe_rollouts(rows) -> prompts to abort
     summary = engine.finish_round()              # pacer.update(successes, failures)
-    engine.record_round(summary, rows, ...)      # every rank: counters, history, exposure
+    engine.record_round(summary, rows, ...)      # every rank: counters, history, exposure; the round log line
+
+The round log (`round_log_path`, set by the trainer on the main process only: `output_dir/allocation/rounds.jsonl`)
+gets one JSON line per round, appended as the round is recorded: its index, requests, committed groups and, for
+an event-driven round, its order of events. Only the last line stays in memory (`last_round_log`); an engine
+without a path (simulators, tests) writes nothing. `read_round_log` reads the file back.
 
 A row is a dict with at least `pid`, `success` (1/0, NaN = unscored), `pruned` and `completion_ids`.
 The pruner, when there is one, is the rollout layer's object (duck-typed: `record`, `end_round`,
@@ -20,16 +25,50 @@ The pruner, when there is one, is the rollout layer's object (duck-typed: `recor
 
 import functools
 import json
+import os
 
 import numpy as np
 
-from .factory import build_filler, build_pacer, round_kwargs
+from .factory import build_stages, round_kwargs
 
 STATE_VERSION = 2
 # Fields that fix a run's plan: resuming with any of them changed would pace another run.
 PLAN_FIELDS = ("pacing", "filling", "pruning", "num_prompts", "num_rounds", "rollout_budget", "allocation_seed",
                "dataset_fingerprint")
 COUNTERS = ("rounds", "responses", "tokens", "empty_rounds", "rounds_without_signal", "unscored")
+ROUND_LOG_NAME = "rounds.jsonl"
+
+
+def round_log_file(output_dir):
+    """Where a run's round log goes: `output_dir/allocation/rounds.jsonl`."""
+    return os.path.join(output_dir, "allocation", ROUND_LOG_NAME)
+
+
+def read_round_log(path):
+    """The round log at `path` as a list of dicts, one per round, in order ([] when there is no file)."""
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def truncate_round_log(path, rounds):
+    """Keep the round log's lines of rounds before `rounds` (what a checkpoint had recorded), so a resumed run
+    appends no round twice; a line torn by a crash is dropped. Nothing to do without a file."""
+    if not os.path.isfile(path):
+        return
+    keep = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("round"), int) and entry["round"] < rounds:
+                keep.append(line if line.endswith("\n") else line + "\n")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
 
 
 def json_default(obj):
@@ -72,26 +111,30 @@ class AllocationEngine:
 
     join(pacer, units) -> the keyword arguments of `filler.start_round` (`pipeline.round_arguments`);
     `plan` is a dict of `PLAN_FIELDS` (or a function returning it, evaluated when first needed).
+    `round_log_path`: the file each recorded round appends its line to (module docstring; None: no file).
     `from_config` builds all of it from an `AllocGRPOConfig`'s fields.
     """
 
-    def __init__(self, pacer, filler, join, plan, pruner=None):
+    def __init__(self, pacer, filler, join, plan, pruner=None, round_log_path=None):
         self.pacer, self.filler, self.join = pacer, filler, join
         self.pruner = pruner
         self._plan = plan
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.history = []  # per round: the figures of `output_dir/allocation/summary.json`
         self.exposure = np.zeros(pacer.num_prompts, np.int64)  # responses per prompt over the run
-        self.round_log = []  # per round: the requests and committed groups (identical on every rank)
+        self.round_log_path = round_log_path
+        self.last_round_log = None  # the last round's log line (requests and groups identical on every rank)
+        self._round_log_synced = False  # the file holds no round past the counters (checked at the first write)
         self.budget_exhausted = False
         self.signal_streak = 0  # rounds in a row without a mixed group
         self._round = None
 
     @classmethod
-    def from_config(cls, args, num_prompts, num_rounds, plan, pruner=None):
+    def from_config(cls, args, num_prompts, num_rounds, plan, pruner=None, round_log_path=None):
         """The engine an `AllocGRPOConfig` (or any object with its fields) names, through the registry."""
-        pacer = build_pacer(args, num_prompts, num_rounds)
-        return cls(pacer, build_filler(args, num_prompts, pacer), functools.partial(round_kwargs, args), plan, pruner)
+        pacer, filler = build_stages(args, num_prompts, num_rounds)
+        return cls(pacer, filler, functools.partial(round_kwargs, args, filler), plan, pruner,
+                   round_log_path=round_log_path)
 
     @property
     def plan(self):
@@ -169,8 +212,9 @@ class AllocationEngine:
     def record_round(self, summary, rows, admitted, requests, loss_responses, allocator_s, round_s, events=None,
                      responses=None):
         """Counters, exposure and the round's history entry, from the broadcast summary; returns the entry.
-        `events`: an event-driven round's order of events, kept in the round log for audit. `responses`
-        (stream mode): what the round started, when its rows (what ended) are not all it spent."""
+        The round's log line goes to `last_round_log` and, with a `round_log_path`, to the file. `events`: an
+        event-driven round's order of events, for that line (the main process's only: it is not broadcast).
+        `responses` (stream mode): what the round started, when its rows (what ended) are not all it spent."""
         stats = summary["stats"]
         c, tokens = self.counters, sum(len(r["completion_ids"]) for r in rows)
         responses = len(rows) if responses is None else int(responses)
@@ -186,8 +230,9 @@ class AllocationEngine:
             self.signal_streak += 1
         self.budget_exhausted = summary["finished"]
         np.add.at(self.exposure, [r["pid"] for r in rows], 1)
-        self.round_log.append({"round": c["rounds"] - 1, "requests": requests, "groups": summary["groups"],
-                               **({} if events is None else {"events": events})})
+        self.last_round_log = {"round": c["rounds"] - 1, "requests": requests, "groups": summary["groups"],
+                               **({} if events is None else {"events": events})}
+        self._write_round_log(self.last_round_log)
         entry = {"round": c["rounds"], "responses": responses, "tokens": tokens,
                  "admitted": admitted, "groups": len({r["pid"] for r in rows}), "committed": stats["groups"],
                  "effective_groups": stats["effective_groups"], "abandoned": stats["abandoned"],
@@ -197,6 +242,20 @@ class AllocationEngine:
                  "allocator_s": round(allocator_s, 6), "round_s": round(round_s, 6)}
         self.history.append(entry)
         return entry
+
+    def _write_round_log(self, line):
+        """Append the round's line to `round_log_path` (flushed at once). The first write after the engine was
+        built or restored first drops the file's lines past the counters (a resumed run, or an earlier run's file)."""
+        path = self.round_log_path
+        if path is None:
+            return
+        if not self._round_log_synced:
+            truncate_round_log(path, line["round"])
+            self._round_log_synced = True
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line, default=json_default) + "\n")
+            f.flush()
 
     # ------------------------------------------------------------------ state
     def state_dict(self):
@@ -222,6 +281,12 @@ class AllocationEngine:
         if state.get("exposure") is not None:
             self.exposure = np.asarray(state["exposure"], np.int64)
         self._round = None
+        self.last_round_log = None
+        # the round log keeps the rounds this state had recorded (a resumed run appends none twice); at once, so a
+        # round rolled back (the rescue checkpoint) leaves no line behind
+        self._round_log_synced = self.round_log_path is not None
+        if self._round_log_synced:
+            truncate_round_log(self.round_log_path, self.counters["rounds"])
 
     def snapshot(self):
         """A deep copy of the state (a failed round is rolled back to it)."""
@@ -250,4 +315,5 @@ def trained_groups(entry):
     return entry["effective_groups"] - entry.get("flat_groups", 0)
 
 
-__all__ = ["AllocationEngine", "trained_groups", "STATE_VERSION", "PLAN_FIELDS", "check_same_plan", "migrate_state", "json_default"]
+__all__ = ["AllocationEngine", "trained_groups", "STATE_VERSION", "PLAN_FIELDS", "check_same_plan", "migrate_state",
+           "json_default", "ROUND_LOG_NAME", "round_log_file", "read_round_log", "truncate_round_log"]

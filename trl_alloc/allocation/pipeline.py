@@ -2,38 +2,25 @@
 
 CERO's ranked positive-margin list is the filler's stream and its executed units × g the round's
 response budget; plain pacers (uniform, knapsack) fix prompts, not spend, so an adaptive filler may
-oversample up to its own cap. SARA's prior for a prompt is the pacer's Beta state, discounted.
+oversample up to its own cap (`Filler.round_arguments`). SARA's prior for a prompt is the pacer's Beta
+state, discounted.
 """
 
 import numpy as np
 
 
-def round_arguments(pacer, units, filling, group_size, target_groups=None, oversample=6, history_decay=None,
-                    carry=None, wait_for_groups=False):
+def round_arguments(pacer, filler, units, target_groups=None, history_decay=None, carry=None,
+                    wait_for_groups=False) -> dict:
     """Keyword arguments of `filler.start_round` for the pacer's proposal `units`. With `carry` (stream mode: the
     open groups of the last round, see `event_rounds`), also `start_event_round`'s: the round's budget is at least
     what those groups may still start (`need`), within what the pacer has left, so a carried group can finish even
     in a round the pacer gives nothing (their rest is started first, so it comes out of the proposal's spend). The
     round waits for its groups when told (`wait_for_groups`) or when it may spend all the pacer has left."""
-    stream = np.asarray(pacer.ranked_prompts, np.int64)
-    spend = int(units.sum()) * pacer.unit_size
+    spend = int(np.sum(units)) * pacer.unit_size
     if carry is not None:
         need = sum(int(state.get("need", 0)) for state in carry.values())
         spend = min(max(spend, need), int(pacer.remaining_responses))
-    admitted = int((units > 0).sum())
-    if filling == "full":
-        kwargs = {"stream": stream, "budget": spend, "target_groups": None, "counts": units[stream] * pacer.unit_size}
-        return _stream_round(kwargs, pacer, carry, wait_for_groups)
-    target = admitted if target_groups is None or admitted == 0 else int(target_groups)
-    if not getattr(pacer, "paces_budget", False):
-        spend = min(oversample * target * group_size, pacer.remaining_responses)
-    kwargs = {"stream": stream, "budget": spend, "target_groups": target}
-    if filling == "sara" and history_decay is not None and hasattr(pacer, "beta"):
-        kwargs["prior_a"], kwargs["prior_b"] = pacer.beta.discounted(history_decay, stream)
-    return _stream_round(kwargs, pacer, carry, wait_for_groups)
-
-
-def _stream_round(kwargs, pacer, carry, wait_for_groups):
+    kwargs = filler.round_arguments(pacer, units, spend, target_groups=target_groups, history_decay=history_decay)
     if carry is not None:
         last = kwargs["budget"] >= pacer.remaining_responses
         kwargs.update(carry=carry, wait_for_groups=bool(wait_for_groups or last))

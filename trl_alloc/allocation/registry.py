@@ -1,54 +1,92 @@
-"""One registry of method names (as verl's `core_algos` registers its estimators): each pacing, filling and
-pruning name maps to its class, and each class carries its name and its family.
+"""One registry of method names per stage (as verl's `core_algos` registers its estimators): each pacing, filling
+and pruning name maps to its class, and each class carries its name.
 
-Classes register themselves with `@register(stage, name)`. A pacer whose class has `cero_family = True`
-spends the budget in CERO units of `unit_size` responses over a round capacity (CERO, arXiv 2610.09679). Config
-validation, `allocation.factory`, `scripts/plan.py` and the benchmark scripts all read this registry.
+A method is one class that registers itself with `@register(stage, name)` and builds itself from the config
+(`from_config(args, context)`, see `base.Pacer` / `base.Filler`); it also answers the config's questions about its
+budget (the unit it spends in, the most a round may spend). Nothing outside a method's class branches on its name:
+config validation, `allocation.factory`, `allocation.simulate`, `scripts/plan.py` and the benchmark scripts all ask
+this registry.
+
+Third-party methods need no edit of this package: a name with a dot (`my_package.my_module.MyPacer`, as slime names
+its rollout functions) imports that module and uses that class (docs/architecture.md#adding-a-method).
 """
+
+import importlib
+import pkgutil
 
 STAGES = ("pacing", "filling", "pruning")
 _METHODS = {stage: {} for stage in STAGES}
 _METHODS["pruning"]["none"] = None  # every rollout runs to the end; no pruner is built
+_loaded = False
 
 
-def register(stage, name):
+def register(stage: str, name: str):
     """Class decorator: `name` (a config value of `stage`) builds this class."""
     if stage not in _METHODS:
         raise ValueError(f"unknown stage {stage!r}; choose one of {STAGES}.")
 
     def add(cls):
-        if name in _METHODS[stage]:
-            raise ValueError(f"{stage} {name!r} is registered twice ({_METHODS[stage][name].__name__}, {cls.__name__}).")
+        known = _METHODS[stage].get(name)
+        if known is not None and known is not cls:
+            raise ValueError(f"{stage} {name!r} is registered twice ({known.__name__}, {cls.__name__}).")
         _METHODS[stage][name] = cls
         cls.method_name = name
         return cls
     return add
 
 
-def method_names(stage):
+def method_names(stage: str) -> tuple:
     """The registered names of `stage`, in registration order."""
     _load()
     return tuple(_METHODS[stage])
 
 
-def method_class(stage, name):
-    """The class registered as `name` for `stage`; an unknown name lists the valid ones."""
+def method_class(stage: str, name: str):
+    """The class registered as `name` for `stage` (a dotted path is imported first); an unknown name is an error that
+    lists the registered ones."""
     _load()
+    if stage not in _METHODS:
+        raise ValueError(f"unknown stage {stage!r}; choose one of {STAGES}.")
+    if not isinstance(name, str):
+        raise TypeError(f"`{stage}` must be a method name (a string), got {name!r}.")
+    if name not in _METHODS[stage] and "." in name:
+        _import_method(stage, name)
     if name not in _METHODS[stage]:
-        raise ValueError(f"unknown {stage} {name!r}; choose one of {', '.join(_METHODS[stage])}.")
+        raise ValueError(f"unknown {stage} {name!r}; choose one of {', '.join(_METHODS[stage])}, or name your own "
+                         "class by its import path (my_module.MyClass, docs/architecture.md#adding-a-method).")
     return _METHODS[stage][name]
 
 
-def cero_family():
-    """The pacing names whose class is marked `cero_family` (budget in units, round capacity)."""
-    return tuple(n for n, cls in _loaded("pacing").items() if getattr(cls, "cero_family", False))
+def _import_method(stage, path):
+    """Register the class at import path `path` (`package.module.Class`) as the `stage` method named `path`."""
+    from .base import Filler, Pacer
 
-
-def _loaded(stage):
-    _load()
-    return _METHODS[stage]
+    module_name, _, attr = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"{stage} {path!r}: cannot import module {module_name!r} ({err}); make it importable "
+                         "(installed, or on PYTHONPATH) or use a registered name.") from None
+    cls = getattr(module, attr, None)
+    base = {"pacing": Pacer, "filling": Filler}.get(stage)
+    if not isinstance(cls, type) or (base is not None and not issubclass(cls, base)):
+        kind = f"a subclass of trl_alloc.allocation.{base.__name__}" if base else "a class"
+        raise ValueError(f"{stage} {path!r}: {module_name!r} has no {attr!r} that is {kind}.")
+    _METHODS[stage][path] = cls
+    if getattr(cls, "method_name", None) is None:
+        cls.method_name = path
 
 
 def _load():
-    """Import the modules that register the methods (numpy only)."""
-    from . import arrol, baselines, cero, sara  # noqa: F401 (importing registers their classes)
+    """Import every module of this package once, so that each method's class has registered itself (numpy only):
+    a new method is a new file, and no list here names it."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    package = importlib.import_module(__package__)
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{__package__}.{info.name}")
+
+
+__all__ = ["STAGES", "register", "method_names", "method_class"]

@@ -5,7 +5,7 @@ import numpy as np
 from scipy.special import betaln
 
 from ._checks import check_int, check_open_unit, check_prior
-from .base import Round
+from .base import Filler, Round
 from .beta import BetaState
 from .event_rounds import EventRound
 from .registry import register
@@ -50,14 +50,49 @@ def decide(n, s, k, tau_low=0.45, commit_min=None, prior=(1.0, 1.0), failures=No
 
 
 @register("filling", "sara")
-class SARAFiller:
-    """Algorithm 1 of the SARA seed as a generator-agnostic state machine (see `base.Round`).
+class SARAFiller(Filler):
+    """Algorithm 1 of SARA ("Early Verdicts, Better Budgets") as a generator-agnostic state machine (see
+    `base.Round`).
 
     Defaults: k = 8, n0 = 2, τ_low = 0.45 (or "auto", see `threshold`), commit_min = k, Beta(1, 1),
     safety budget 6·B·k; in event rounds `overcommit` = 1.5 (see `SARAEventRound`). With
     `warm_start_decay` (and `num_prompts`) each prompt's posterior carries across rounds, discounted
-    toward the prior by that factor (the seed's optional history warm-start).
+    toward the prior by that factor (the paper's optional history warm-start).
     """
+
+    @classmethod
+    def from_config(cls, args, context):
+        # SARA keeps its own history only when the pacer has no Beta states to lend it (`round_arguments`).
+        own_history = args.history_decay and not hasattr(context.pacer, "beta")
+        return cls(group_size=args.num_generations, probe=args.probe, tau_low=args.tau_low,
+                   commit_min=args.commit_min, prior=(args.prior_alpha, args.prior_beta),
+                   safety_factor=args.sara_safety_factor,
+                   warm_start_decay=args.history_decay if own_history else None,
+                   num_prompts=context.num_prompts if own_history else None, overcommit=args.sara_overcommit)
+
+    @classmethod
+    def smallest_group(cls, args):
+        return args.commit_min or args.num_generations
+
+    @classmethod
+    def max_round_responses(cls, args, prompts):
+        return args.sara_safety_factor * (args.target_groups or prompts) * args.num_generations
+
+    @property
+    def group_size(self):
+        return self.k
+
+    @property
+    def oversample(self):
+        return self.safety_factor
+
+    def round_arguments(self, pacer, units, spend, target_groups=None, history_decay=None):
+        """`Filler.round_arguments`, with each prompt's prior from the pacer's Beta state discounted by
+        `history_decay` (CERO's posteriors, when the pacer has them)."""
+        kwargs = super().round_arguments(pacer, units, spend, target_groups)
+        if history_decay is not None and hasattr(pacer, "beta"):
+            kwargs["prior_a"], kwargs["prior_b"] = pacer.beta.discounted(history_decay, kwargs["stream"])
+        return kwargs
 
     def __init__(self, group_size=8, probe=2, tau_low=0.45, commit_min=None, prior=(1.0, 1.0),
                  safety_factor=6, warm_start_decay=None, num_prompts=None, overcommit=1.5):

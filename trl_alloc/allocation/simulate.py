@@ -4,11 +4,14 @@ docs/benchmarks.md#planning-at-paper-scale-scriptsplanpy-no-model). numpy only.
 """
 
 import time
+from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 
-from . import make_filler, make_pacer
+from .base import RunContext
 from .pipeline import round_arguments
+from .registry import method_class
 
 
 class DriftingPool:
@@ -48,33 +51,38 @@ def predicted_success_bins(predicted, admitted, bins=5):
     return np.divide(chosen, pool, out=np.full(bins, np.nan), where=pool > 0)
 
 
-def build_method(method, args, reference=None):
-    """(pacer, filler, filling) for a method name like 'cero', 'cero+sara', 'uniform+dynamic_sampling'."""
+def plan_settings(method, args):
+    """The config fields a method reads (`from_config`), at plan.py's settings `args`, for `method` written
+    'pacing+filling' ('cero' alone: full groups). The rest are the config's defaults; a plain pacer admits
+    budget / (K·k) prompts per round, so every method spends the same budget over K rounds."""
     pacing, _, filling = method.partition("+")
-    filling = filling or "full"
     k = args.units_per_group * args.unit_size
-    budget_units = args.budget // args.unit_size
-    if pacing in ("uniform", "knapsack"):
-        extra = {"min_n": 2, "max_n": 4 * k} if pacing == "knapsack" else {}
-        pacer = make_pacer(pacing, args.prompts, prompts_per_round=args.budget // (k * args.rounds),
-                           group_size=k, budget_responses=args.budget, seed=args.seed, **extra)
-    elif pacing == "random_matched":
-        pacer = make_pacer(pacing, args.prompts, reference=reference, unit_size=args.unit_size, seed=args.seed)
-    else:
-        pacer = make_pacer(pacing, args.prompts, rounds=args.rounds, budget=budget_units,
-                           round_capacity=args.capacity, max_units=args.units_per_group,
-                           unit_size=args.unit_size, seed=args.seed)
-    filler = {"full": lambda: make_filler("full", group_size=k),
-              "sara": lambda: make_filler("sara", group_size=k, tau_low=args.tau_low),
-              "dynamic_sampling": lambda: make_filler("dynamic_sampling", group_size=k,
-                                                      max_generation_batches=50)}[filling]()
-    return pacer, filler, filling
+    return SimpleNamespace(
+        pacing=pacing, filling=filling or "full", num_generations=k, unit_size=args.unit_size,
+        max_units=args.units_per_group, round_capacity=args.capacity, rollout_budget=args.budget,
+        generation_batch_size=args.budget // args.rounds, nominal_prompts_per_round=args.budget // (k * args.rounds),
+        target_groups=None, history_decay=args.history_decay, tau_low=args.tau_low, probe=2, commit_min=None,
+        prior_alpha=1.0, prior_beta=1.0, sara_safety_factor=6, sara_overcommit=1.5, max_generation_batches=6,
+        knapsack_min_n=2, knapsack_max_n=4 * k, saturation=1.0, forgetting=1.0, init_price=0.5, step_size=None,
+        catch_up=True, random_matched_reference=None, pacing_kwargs=getattr(args, "pacing_kwargs", None),
+        filling_kwargs=getattr(args, "filling_kwargs", None))
+
+
+def build_method(method, args, reference=None):
+    """(pacer, filler, settings) for a method name like 'cero', 'cero+sara', 'uniform+dynamic_sampling', each stage
+    built by its registered class (`from_config`) from `plan_settings`."""
+    settings = plan_settings(method, args)
+    context = RunContext(num_prompts=args.prompts, num_rounds=args.rounds, budget=args.budget, seed=args.seed,
+                         reference=reference)
+    pacer = method_class("pacing", settings.pacing).from_config(settings, context)
+    filler = method_class("filling", settings.filling).from_config(settings, replace(context, pacer=pacer))
+    return pacer, filler, settings
 
 
 def simulate(method, args, reference=None):
     """Run `method` (e.g. 'cero+sara') over `args.rounds` rounds of a `DriftingPool`; returns (summary,
     per-round record, the pacer's allocation log or None). `args`: plan.py's settings."""
-    pacer, filler, filling = build_method(method, args, reference)
+    pacer, filler, settings = build_method(method, args, reference)
     pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
     k = args.units_per_group * args.unit_size
     rec = {"spend": [], "groups": [], "effective": [], "expected_effective": [], "alloc_ms": []}
@@ -85,7 +93,7 @@ def simulate(method, args, reference=None):
         predicted = pacer.beta.mean.copy() if hasattr(pacer, "beta") else None
         t0 = time.perf_counter()
         units = pacer.propose()
-        kw = round_arguments(pacer, units, filling, k, history_decay=args.history_decay)
+        kw = round_arguments(pacer, filler, units, history_decay=settings.history_decay)
         rnd = filler.start_round(**kw)
         ms = time.perf_counter() - t0
         p = pool.success_rate()
@@ -126,4 +134,4 @@ def simulate(method, args, reference=None):
     return summary, rec, getattr(pacer, "allocation_log", None)
 
 
-__all__ = ["DriftingPool", "predicted_success_bins", "build_method", "simulate"]
+__all__ = ["DriftingPool", "predicted_success_bins", "plan_settings", "build_method", "simulate"]

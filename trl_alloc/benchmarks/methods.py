@@ -9,10 +9,11 @@ import statistics
 import time
 
 from ..allocation.engine import json_default
-from ..allocation.registry import method_names
+from ..allocation.registry import method_class
 from .measure import RoundRecorder, cpu_run_kwargs, selection_figures
 
-# name -> (label, AllocGRPOConfig stage fields or None for stock TRL); every stage value is a registered name
+# name -> (label, AllocGRPOConfig stage fields or None for stock TRL); any other 'pacing+filling' also runs
+# (`method_recipe`)
 METHODS = {
     "stock": ("TRL GRPOTrainer", None),
     "dapo": ("DAPO dynamic sampling", dict(pacing="uniform", filling="dynamic_sampling")),
@@ -31,10 +32,24 @@ METHODS = {
 }
 PRUNING_METHODS = ("cero_sara_arrol", "cero_sara_random")
 
-_unregistered = [f"{m}: {stage}={name!r}" for m, (_, stages) in METHODS.items() for stage, name in (stages or {}).items()
-                 if stage in ("pacing", "filling", "pruning") and name not in method_names(stage)]
-if _unregistered:  # the recipes name registered methods only
-    raise ValueError(f"bench recipes name unregistered methods: {', '.join(_unregistered)}")
+
+
+def method_recipe(name):
+    """(label, stage fields or None for stock TRL) of bench method `name`: a recipe of `METHODS`, or any registered
+    stages written 'pacing+filling' (e.g. 'greso+dynamic_sampling'; 'cero' alone: full groups)."""
+    if name in METHODS:
+        return METHODS[name]
+    pacing, _, filling = name.partition("+")
+    stages = dict(pacing=pacing, filling=filling or "full")
+    for stage, value in stages.items():
+        method_class(stage, value)  # an unknown name lists the registered ones
+    return name, stages
+
+
+def replayed_method(name):
+    """The bench method whose allocation state `name` replays (`RandomMatched.replays`), or None."""
+    stages = method_recipe(name)[1]
+    return None if stages is None else getattr(method_class("pacing", stages["pacing"]), "replays", None)
 
 
 def _counting_reward(reward, k, log):
@@ -65,7 +80,7 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
 
     from ..trainer import AllocGRPOConfig, AllocGRPOTrainer
 
-    stages = METHODS[method][1]
+    stages = method_recipe(method)[1]
     common = cpu_run_kwargs(run_dir, opts.batch, opts.num_generations, opts.max_completion_length, seed,
                             learning_rate=opts.learning_rate, temperature=opts.temperature)
     torch.manual_seed(seed)
@@ -82,7 +97,7 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
         extra = dict(stages)
         if "detect_length" in extra:
             extra["detect_length"] = opts.detect_length
-        if method == "random_matched":
+        if replayed_method(method):
             extra["random_matched_reference"] = cero_state
         trainer = AllocGRPOTrainer(model=model, reward_funcs=recorder.wrap(reward), train_dataset=dataset,
                                    processing_class=tokenizer,
@@ -96,7 +111,7 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
     state_path = None
     if stages is not None:
         log = [dict(h) for h in trainer.engine.history]
-        if method == "cero":  # the reference random_matched replays
+        if method in {replayed_method(m) for m in opts.methods}:  # the reference random_matched replays
             state_path = os.path.join(run_dir, "allocation_state.json")
             with open(state_path, "w", encoding="utf-8") as f:
                 json.dump(trainer.allocation_state(), f, default=json_default)

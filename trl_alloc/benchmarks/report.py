@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from .methods import METHODS, PRUNING_METHODS
+from .methods import METHODS, PRUNING_METHODS, method_recipe
 
 def _fmt(v, spec, scale=1.0, sign=False):
     if v is None:
@@ -24,7 +24,7 @@ def markdown_table(rows, opts, start=None):
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m, r in rows.items():
         lines.append(
-            f"| {METHODS[m][0]} | {r['runs']} | {_fmt(r['avg'], '.1f', 100)} | {_fmt(r['pass'], '.1f', 100)} | "
+            f"| {method_recipe(m)[0]} | {r['runs']} | {_fmt(r['avg'], '.1f', 100)} | {_fmt(r['pass'], '.1f', 100)} | "
             f"{_fmt(r['d_avg_vs_start'], '.1f', 100, True)} | {_fmt(r['d_avg_vs_stock'], '.1f', 100, True)} | "
             f"{_fmt(r['d_pass_vs_stock'], '.1f', 100, True)} | "
             f"{_fmt(r['egr'], '.1f', 100)} | {_fmt(r['responses_per_eff'], '.1f')} | "
@@ -39,11 +39,11 @@ def markdown_table(rows, opts, start=None):
             "− the untrained start checkpoint (paired per seed), percentage points. s / eff. group = train() "
             "wall-clock ÷ effective groups. Allocator share = allocator "
             "seconds ÷ train() wall-clock.")
-    survivors = [f"{METHODS[m][0]} {_fmt(rows[m]['survivor_positive_ratio'], '.3f')}" for m in PRUNING_METHODS
+    survivors = [f"{method_recipe(m)[0]} {_fmt(rows[m]['survivor_positive_ratio'], '.3f')}" for m in PRUNING_METHODS
                  if m in rows and rows[m]["survivor_positive_ratio"] is not None]
     if survivors:
         note += " Survivors' positive ratio (mean over rounds after the cold start): " + ", ".join(survivors) + "."
-    aucs = [f"{METHODS[m][0]} {_fmt(rows[m]['head_auc'], '.3f')}" for m in PRUNING_METHODS
+    aucs = [f"{method_recipe(m)[0]} {_fmt(rows[m]['head_auc'], '.3f')}" for m in PRUNING_METHODS
             if m in rows and rows[m].get("head_auc") is not None]
     if aucs:
         note += (" Quality head AUC (mean over rounds, on each round's completed rollouts before the head trains on "
@@ -69,8 +69,9 @@ def plots(runs, rows, methods, out_dir, opts):
         plt.close(fig)
 
     # one colour and line style per method everywhere (matplotlib's 10-colour cycle would repeat)
-    style = {m: dict(label=METHODS[m][0], color=plt.get_cmap("tab10")(i % 10), ls="-" if i < 10 else "--")
-             for i, m in enumerate(METHODS)}
+    names = list(METHODS) + [m for m in methods if m not in METHODS]
+    style = {m: dict(label=method_recipe(m)[0], color=plt.get_cmap("tab10")(i % 10), ls="-" if i < 10 else "--")
+             for i, m in enumerate(names)}
     seed0 = min(r["seed"] for r in runs)
     first = {r["method"]: r for r in runs if r["seed"] == seed0}
 
@@ -102,7 +103,7 @@ def plots(runs, rows, methods, out_dir, opts):
         fig, ax = plt.subplots(figsize=(9, 5))
         ax.bar(np.arange(len(ms)), means, yerr=stds, capsize=3, color="tab:blue")
         ax.set_xticks(np.arange(len(ms)))
-        ax.set_xticklabels([METHODS[m][0] for m in ms], rotation=35, ha="right", fontsize=8)
+        ax.set_xticklabels([method_recipe(m)[0] for m in ms], rotation=35, ha="right", fontsize=8)
         ax.set_ylabel(ylabel)
         ax.set_title(f"{ylabel} by method ({rows[ms[0]]['runs'] if ms else 0} seed(s))")
         ax.grid(axis="y", alpha=0.3)

@@ -53,8 +53,9 @@ import time
 
 from ..allocation.engine import json_default
 from ..benchmarks.report import load_earlier_run, markdown_table, plots
-from ..benchmarks.measure import check_batch, parse_choices, quiet
-from ..benchmarks.methods import METHODS, evaluate_model, run_figures, run_method, summarise
+from ..benchmarks.measure import check_batch, quiet
+from ..benchmarks.methods import (METHODS, evaluate_model, method_recipe, replayed_method, run_figures, run_method,
+                                  summarise)
 from ..tasks.builtin import TASKS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -70,7 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="scheduler rounds K; default 40 (the embedded recipe), --quick 10")
     p.add_argument("--budget", type=int, default=None,
                    help="total responses per run (default rounds × batch); stock gets budget // batch steps")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma list from " + ",".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS), help="comma list from " + ",".join(METHODS) + ", or any "
+                   "registered stages as pacing+filling (e.g. greso+dynamic_sampling)")
     p.add_argument("--output_dir", default="outputs/bench")
     p.add_argument("--model", default="tiny", help="tiny (the embedded model), a registered name "
                    "(smollm2-135m-instruct), a local folder or a Hub id")
@@ -101,7 +103,12 @@ def parse_args(argv=None):
     args.eval_k = args.eval_k or (4 if args.quick else 8)
     args.num_prompts = args.num_prompts or (128 if args.quick else 256)
     args.budget = args.budget or args.rounds * args.batch
-    args.methods = parse_choices(p, args.methods, METHODS, "method")
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in args.methods:
+        try:
+            method_recipe(m)
+        except ValueError as err:
+            p.error(f"--methods {m!r}: {err}")
     args.detect_length = args.detect_length or (2 if args.model == "tiny" else max(1, args.max_completion_length // 4))
     if args.model == "tiny" and args.dataset != "builtin:arithmetic":
         p.error("--model tiny is the embedded model of builtin:arithmetic; give --model for another --dataset")
@@ -140,10 +147,12 @@ def main(argv=None):
     task = opts.dataset.split(":", 1)[1]
     levels = tuple(opts.levels) if opts.levels else None
     methods = list(opts.methods)
-    if "random_matched" in methods and "cero" not in methods:
-        methods.insert(methods.index("random_matched"), "cero")  # random_matched replays CERO's sizes
-        print("[bench] adding 'cero': random_matched needs its allocation_state.json", flush=True)
-    order = [m for m in methods if m != "random_matched"] + (["random_matched"] if "random_matched" in methods else [])
+    for m in [m for m in methods if replayed_method(m)]:
+        if replayed_method(m) not in methods:  # e.g. random_matched replays CERO's sizes
+            methods.insert(methods.index(m), replayed_method(m))
+            print(f"[bench] adding {replayed_method(m)!r}: {m} needs its allocation_state.json", flush=True)
+    opts.methods = methods
+    order = [m for m in methods if not replayed_method(m)] + [m for m in methods if replayed_method(m)]
     os.makedirs(opts.output_dir, exist_ok=True)
     print(f"[bench] model {model_dir}; methods {order}; seeds {opts.seeds}; rounds {opts.rounds}; budget "
           f"{opts.budget} responses; torch threads {torch.get_num_threads()}", flush=True)
@@ -155,7 +164,9 @@ def main(argv=None):
         for key in ("seeds", "rounds", "budget", "batch", "num_generations", "max_completion_length", "num_prompts",
                     "eval_prompts", "eval_k", "quick"):
             setattr(opts, key, earlier["settings"][key])
-        methods = [m for m in METHODS if any(r["method"] == m for r in runs)]
+        ran = list(dict.fromkeys(r["method"] for r in runs))  # the table's order is the earlier run's
+        methods = [m for m in earlier["settings"].get("methods", []) if m in ran] + [
+            m for m in ran if m not in earlier["settings"].get("methods", [])]
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for s in range(0 if opts.from_json else opts.seeds):
             seed = opts.seed + s
@@ -175,7 +186,7 @@ def main(argv=None):
                 except Exception as exc:  # noqa: BLE001 -- one failing method should not lose the others
                     print(f"[bench] seed {seed} {m}: FAILED {type(exc).__name__}: {exc}", flush=True)
                     continue
-                if m == "cero":
+                if run.get("state_path"):
                     cero_state = run["state_path"]
                 run.update(evaluate_model(model, tok, test_ds, reward, opts, seed))
                 run["d_avg_vs_start"] = run["avg"] - start["avg"]

@@ -84,14 +84,16 @@ def parse_args(argv=None):
 
 
 def method_config(method, args, out):
+    from ..allocation.registry import method_class
     from ..trainer.config import AllocGRPOConfig
 
     pacing, filling, _, fields = ROLLOUT_METHODS[method]
     k, b, r = args.num_generations, args.groups, args.rounds
-    # CERO paces stock's total (r rounds of B × k); uniform pacing gets 10× the rounds' budget, so that no
+    # CERO paces stock's total (r rounds of B × k); a plain pacer gets 10× the rounds' budget, so that no
     # round of SARA or dynamic sampling is cut by the total (only the first r rounds run)
     return AllocGRPOConfig(output_dir=out, per_device_train_batch_size=b * k, num_generations=k, pacing=pacing,
-                           filling=filling, num_rounds=r if pacing == "cero" else 10 * r, target_groups=b,
+                           filling=filling, num_rounds=r if method_class("pacing", pacing).paces_budget else 10 * r,
+                           target_groups=b,
                            max_completion_length=args.max_completion_length, temperature=args.temperature,
                            rollout_max_inflight=args.max_inflight, seed=args.seed, use_cpu=True, report_to=[],
                            max_generation_batches=10, tau_low=0.45, history_decay=None,

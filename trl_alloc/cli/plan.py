@@ -26,6 +26,7 @@ import os
 
 import numpy as np
 
+from trl_alloc.allocation.registry import method_class
 from trl_alloc.allocation.simulate import simulate
 
 
@@ -119,6 +120,12 @@ def check_args(parser, args):
     if args.budget < k * args.rounds:
         parser.error(f"--budget ({args.budget} responses) is less than one group of {k} per round over --rounds "
                      f"{args.rounds} ({k * args.rounds}); raise --budget or lower --rounds.")
+    for method in [m for m in args.methods.split(",") if m]:
+        for stage, name in zip(("pacing", "filling"), method.split("+", 1)):
+            try:
+                method_class(stage, name)
+            except ValueError as err:
+                parser.error(f"--methods {method!r}: {err}")
     if not 0 < args.prune_keep <= 1:
         parser.error(f"--prune_keep must lie in (0, 1], got {args.prune_keep}.")
 
@@ -172,12 +179,14 @@ def main(argv=None):
     args.window = args.window or args.engine_seqs
     os.makedirs(args.output_dir, exist_ok=True)
     results, reference = {}, None
-    methods = args.methods.split(",")
-    if "random_matched" in methods and "cero" not in methods:
-        methods.insert(0, "cero")
-    for method in methods:
+    methods = [m for m in args.methods.split(",") if m]
+    replays = {m: getattr(method_class("pacing", m.partition("+")[0]), "replays", None) for m in methods}
+    for source in {r for r in replays.values() if r and r not in methods}:
+        methods.insert(0, source)  # random_matched replays a CERO run's allocation log
+    results = dict.fromkeys(methods)  # printed in the order given; replaying methods run after their source
+    for method in sorted(methods, key=lambda m: bool(replays.get(m))):
         summary, rec, log = simulate(method, args, reference)
-        if method == "cero":
+        if method in replays.values():
             reference = log
         results[method] = (summary, rec)
     cols = ["rounds", "responses_spent", "budget_left", "effective_groups", "egr", "responses_per_effective_group",

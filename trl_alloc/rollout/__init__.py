@@ -1,2 +1,10 @@
-"""The rollout layer (torch): ARROL's two-phase generation and pruning in the trainer (pruning.py) and
-the quality head, its scoring and test-time weighted voting (quality_head.py)."""
+"""The rollout layer (torch): how rollouts are generated, ended and pruned, below the trainer.
+
+- `pruning.py`: ARROL's two-phase generation and pruning in the trainer, and the quality head's online training;
+- `quality_head.py`: the quality head, its scoring and test-time weighted voting;
+- `events.py`: the rollout engine protocol (`submit` / `next_completed` / `abort`), its exact batched backend and
+  the vLLM-server backend;
+- `inprocess.py`: the same engine on vLLM's in-process `AsyncLLM`;
+- `colocate.py`: the same engine on the `vllm.LLM` of TRL's colocate mode (one process or several);
+- `streaming.py`: `RoundDriver` (one event round) and `StreamDriver` (one stream across rounds);
+- `simulated.py`: a continuous-batching engine on a virtual clock (`plan.py`'s engine model, tests)."""

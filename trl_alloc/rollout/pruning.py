@@ -25,7 +25,7 @@ on in the same request (`rollout.streaming`, `serving.worker_extension`, docs/ar
 `decide_snapshots` takes those scores. Here (deterministic mode, and the transformers backend) the
 trainer scores: it holds the same weights, so one forward of prompt + partial gives the same hidden state.
 
-Distributed contract (as in ``trainer.py``): each rank generates and forwards its own rows; the
+Distributed contract (as in `trainer/generation.py`): each rank generates and forwards its own rows; the
 hidden states are gathered, and the main process scores, calibrates, samples survivors and trains
 the head; its decision is broadcast. Forwards and generation calls stay collective-safe (every rank
 runs the same number, with throwaway rows where it has none).

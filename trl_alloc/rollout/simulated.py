@@ -180,7 +180,7 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
     with probability κ = prune_keep (random pruning: ARROL's compute saving without its selection). Returns
     wall seconds, responses, tokens, effective groups, aborted / carried / stale / pruned rollouts, the
     engine's idle share and the trained rollouts' staleness histogram."""
-    pacer, filler, filling = build_method(method, args)
+    pacer, filler, settings = build_method(method, args)
     pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
     train_ms, train_gpus = getattr(args, "train_ms_per_token", 0.0), max(getattr(args, "train_gpus", 1), 1)
     sync_s, colocate = getattr(args, "sync_s", 0.0), bool(getattr(args, "colocate", False))
@@ -199,8 +199,8 @@ def simulate_engine(method, mode, args, rounds, prune_keep=None):
         return [s.rid for s, c in zip(snaps, cut) if c and not s.info["ended"]]
 
     def open_round(carry=None, wait_for_groups=False):
-        kw = round_arguments(pacer, pacer.propose(), filling, args.units_per_group * args.unit_size,
-                             history_decay=args.history_decay, carry=carry, wait_for_groups=wait_for_groups)
+        kw = round_arguments(pacer, filler, pacer.propose(), history_decay=settings.history_decay, carry=carry,
+                             wait_for_groups=wait_for_groups)
         return BatchedEventRound(filler.start_round(**kw)) if mode == "sync" else filler.start_event_round(**kw)
 
     def close_round(rnd, trained):

@@ -5,21 +5,18 @@ the sampling pipeline; the rest are the stages' hyperparameters (CERO arXiv 2610
 Verdicts, Better Budgets", ARROL arXiv 2603.24840, and the baselines of docs/allocation.md).
 """
 
-import math
+import json
 import numbers
 from dataclasses import dataclass, field
 
 import torch
 from trl import GRPOConfig
 
-from ..allocation.registry import cero_family, method_names
+from ..allocation.registry import method_class, method_names
 from .rollout_mode import choose_rollout_mode
 
 # the stage names, as the registry holds them (allocation.registry)
 PACINGS, FILLINGS, PRUNINGS = method_names("pacing"), method_names("filling"), method_names("pruning")
-CERO_FAMILY = cero_family()
-# Ratio of CERO's default round capacity to its mean per-round spend (C = 132 vs B/K = 128 units).
-CAPACITY_HEADROOM = 33 / 32
 
 
 @dataclass
@@ -35,14 +32,21 @@ class AllocGRPOConfig(GRPOConfig):
 
     # Stages
     pacing: str = field(default="cero", metadata={
-        "help": "Across-round stage: which prompts get a group this round. One of " + ", ".join(PACINGS) + "."})
+        "help": "Across-round stage: which prompts get a group this round. One of " + ", ".join(PACINGS) + ", or "
+        "the import path of your own registered class (docs/architecture.md#adding-a-method)."})
     filling: str = field(default="sara", metadata={
         "help": "Within-round stage: how each admitted prompt's responses are collected. One of "
-        + ", ".join(FILLINGS) + "."})
+        + ", ".join(FILLINGS) + ", or the import path of your own registered class."})
     pruning: str = field(default="none", metadata={
         "help": "Within-rollout stage: 'arrol' (score partial rollouts at `detect_length` with the quality head and "
         "prune toward correctness-balanced survivors), 'random' (prune at the same keep ratio without the head: the "
         "paper's control) or 'none'."})
+
+    pacing_kwargs: dict | str | None = field(default=None, metadata={
+        "help": "Keyword arguments of the pacing method beyond the fields below (a method's own hyperparameters, e.g. "
+        "GRESO's `target_zero_variance`; docs/allocation.md), as a dict or a JSON object."})
+    filling_kwargs: dict | str | None = field(default=None, metadata={
+        "help": "Keyword arguments of the filling method beyond the fields below, as a dict or a JSON object."})
 
     # Budget and rounds
     rollout_budget: int | None = field(default=None, metadata={
@@ -167,9 +171,16 @@ class AllocGRPOConfig(GRPOConfig):
             raise ValueError(f"`max_completion_length` must be >= 1, got {self.max_completion_length}: a response needs "
                              "at least one token.")
         super().__post_init__()
-        _check_choice("pacing", self.pacing, PACINGS)
-        _check_choice("filling", self.filling, FILLINGS)
-        _check_choice("pruning", self.pruning, PRUNINGS)
+        for stage in ("pacing", "filling", "pruning"):
+            method_class(stage, getattr(self, stage))  # an unknown name lists the registered ones
+        for stage in ("pacing", "filling"):
+            kwargs = _as_kwargs(f"{stage}_kwargs", getattr(self, f"{stage}_kwargs"))
+            accepted = method_class(stage, getattr(self, stage)).config_kwargs
+            if set(kwargs) - set(accepted):
+                raise ValueError(f"`{stage}_kwargs` has {sorted(set(kwargs) - set(accepted))}, which "
+                                 f"{stage}={getattr(self, stage)!r} does not take; it takes "
+                                 f"{', '.join(accepted) if accepted else 'none'}.")
+            setattr(self, f"{stage}_kwargs", kwargs)
         self._check_pruning()
         self._check_types()
         if self.steps_per_generation % self.gradient_accumulation_steps:
@@ -225,18 +236,12 @@ class AllocGRPOConfig(GRPOConfig):
         if self.history_decay is not None and not 0 <= self.history_decay <= 1:
             raise ValueError(f"`history_decay` must lie in [0, 1] (or None for a flat prior), "
                              f"got {self.history_decay}.")
-        if self.pacing == "knapsack" and self.filling != "full":
-            raise ValueError("pacing='knapsack' sets each prompt's response count itself; use filling='full'.")
-        if self.pacing == "random_matched" and not self.random_matched_reference:
-            raise ValueError("pacing='random_matched' replays a CERO run's allocation sizes: set "
-                             "`random_matched_reference` to that run's allocation_state.json.")
         for name in ("num_rounds", "rollout_budget", "prompts_per_round", "round_capacity", "target_groups"):
             value = getattr(self, name)
             if value is not None and int(value) < 1:
                 raise ValueError(f"`{name}` must be a positive integer (or None), got {value}.")
-        if self.rollout_budget is not None and self.pacing in CERO_FAMILY and self.rollout_budget % self.unit_size:
-            raise ValueError(f"`rollout_budget` ({self.rollout_budget}) must be a whole number of CERO units; use a "
-                             f"multiple of `unit_size` ({self.unit_size}).")
+        self.pacer_class.check_config(self)
+        self.filler_class.check_config(self)
         if self.round_capacity is not None and self.round_capacity < self.max_units:
             raise ValueError(f"`round_capacity` ({self.round_capacity} units) is below one group (`max_units` = "
                              f"{self.max_units}); raise it to at least {self.max_units}.")
@@ -319,43 +324,32 @@ class AllocGRPOConfig(GRPOConfig):
         """Prompts per round of stock GRPO (and of pacing='uniform' by default)."""
         return self.prompts_per_round or max(1, self.generation_batch_size // self.num_generations)
 
+    @property
+    def pacer_class(self):
+        """The class `pacing` names (allocation.registry)."""
+        return method_class("pacing", self.pacing)
+
+    @property
+    def filler_class(self):
+        """The class `filling` names (allocation.registry)."""
+        return method_class("filling", self.filling)
+
     def budget_for(self, num_rounds):
-        """The global response budget of a run of `num_rounds` rounds."""
+        """The global response budget of a run of `num_rounds` rounds (`rollout_budget`, else the pacer's default)."""
         if self.rollout_budget is not None:
             return int(self.rollout_budget)
-        if self.pacing in ("uniform", "knapsack"):
-            return num_rounds * self.nominal_prompts_per_round * self.num_generations
-        budget = num_rounds * self.generation_batch_size
-        return budget - budget % self.unit_size if self.pacing in CERO_FAMILY else budget
-
-    def capacity_for(self, num_rounds):
-        """CERO round capacity C in units."""
-        if self.round_capacity is not None:
-            return int(self.round_capacity)
-        units = self.budget_for(num_rounds) // self.unit_size
-        return max(self.max_units, math.ceil(CAPACITY_HEADROOM * units / num_rounds))
+        return self.pacer_class.budget_for(self, num_rounds)
 
     def max_round_responses(self, num_rounds):
         """Most responses one round can spend, or None when unbounded by the config alone."""
-        k = self.num_generations
-        if self.pacing in CERO_FAMILY:
-            return self.capacity_for(num_rounds) * self.unit_size
-        if self.pacing in ("uniform", "knapsack"):
-            ppr = self.nominal_prompts_per_round
-            target = self.target_groups or ppr
-            if self.filling == "full":
-                return ppr * k
-            if self.filling == "dynamic_sampling":
-                return self.max_generation_batches * target * k
-            return self.sara_safety_factor * target * k
-        return None
+        return self.pacer_class.max_round_responses(self, num_rounds, self.filler_class)
 
     def check_budget(self, num_rounds):
         """Reject a budget the run cannot spend in `num_rounds` rounds."""
         if int(num_rounds) < 1:
             raise ValueError(f"`num_rounds` must be >= 1, got {num_rounds}.")
         budget, per_round = self.budget_for(num_rounds), self.max_round_responses(num_rounds)
-        smallest = self.commit_min if self.filling == "sara" else self.num_generations  # one group's responses
+        smallest = self.filler_class.smallest_group(self)  # one group's responses
         if budget < smallest:
             raise ValueError(f"`rollout_budget` ({budget} responses) is smaller than one group ({smallest} responses: "
                              f"num_generations={self.num_generations}, commit_min={self.commit_min}, filling="
@@ -364,7 +358,7 @@ class AllocGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"`rollout_budget` ({budget} responses) exceeds what {num_rounds} rounds can spend "
                 f"({num_rounds} × {per_round} responses per round); lower `rollout_budget` or raise `num_rounds`"
-                + (" / `round_capacity`." if self.pacing in CERO_FAMILY else " / `prompts_per_round`."))
+                + f" / `{self.pacer_class.round_limit_field}`.")
 
 
 @dataclass
@@ -393,6 +387,21 @@ class AllocDAPOConfig(AllocGRPOConfig):
         if self.overlong_buffer < 0 or (cap and self.overlong_buffer > cap):
             raise ValueError(f"`overlong_buffer` ({self.overlong_buffer}) must lie in [0, max_completion_length "
                              f"({self.max_completion_length})].")
+
+
+def _as_kwargs(name, value):
+    """A `*_kwargs` field as a dict (the command line and YAML may give a JSON string)."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"`{name}` must be a JSON object, e.g. '{{\"target_zero_variance\": 0.25}}'; got "
+                             f"{value!r} ({err}).") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"`{name}` must be a dict (or a JSON object), got {value!r}.")
+    return dict(value)
 
 
 def _check_choice(name, value, choices):

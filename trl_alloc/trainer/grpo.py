@@ -18,7 +18,9 @@ saving are TRL's.
 
 Distributed contract: the engine is driven on the main process only; every request and the
 round's summary are broadcast, so all ranks act on identical decisions (the engines of other ranks
-are built but only `record_round` advances them, from the broadcast summary). Each rank generates a contiguous share of a request's
+are built but only `record_round` advances them, from the broadcast summary). The round log
+(`output_dir/allocation/rounds.jsonl`, one line per round) is written by the main process; an event round's
+order of events stays there and is not broadcast. Each rank generates a contiguous share of a request's
 rows and scores it; completions and rewards are gathered so every rank holds the whole round, then
 the loss rows are split evenly over ranks. Ranks whose share is empty skip generation, except where
 generation is collective (ZeRO-3, FSDP, vLLM): there they generate throwaway padding rows that are
@@ -36,7 +38,7 @@ from torch.utils.data import DataLoader
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from ..allocation.engine import AllocationEngine
+from ..allocation.engine import AllocationEngine, round_log_file
 from ..allocation.factory import resolve_num_rounds
 from ..reporting.hub import HubMixin
 from ..rollout.pruning import build_pruner
@@ -164,11 +166,19 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         # the allocation engine: pacer, filler, pruner (ARROL / random pruning, arXiv 2603.24840; None for 'none')
         self.engine = AllocationEngine.from_config(args, num_prompts, self.num_rounds, plan=self.run_plan,
                                                    pruner=build_pruner(self))
+        if self.accelerator.is_main_process:  # the round log is written by the main process only
+            self.engine.round_log_path = self.round_log_path
         self._rounds_this_session = 0
         self._saved_lrs = None
         self._round_empty = False
         self._allocator_s = 0.0
         self.add_callback(_AllocationCallback(self))
+
+    @property
+    def round_log_path(self):
+        """The round log the main process writes, one JSON line per round: `output_dir/allocation/rounds.jsonl`
+        (`allocation.engine.read_round_log` reads it)."""
+        return round_log_file(self.args.output_dir)
 
     @property
     def pruner(self):
@@ -287,7 +297,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             trained = rows
         batches = self._build_loss_batches(trained, summary["groups"])
         entry = engine.record_round(summary, rows, admitted, requests, len(self._round_loss_rows), self._allocator_s,
-                                    time.perf_counter() - t_round, events=None if log is None else log["events"],
+                                    time.perf_counter() - t_round, events=None if log is None else log.get("events"),
                                     responses=summary["stats"]["responses"] if mode == "stream" else None)
         entry["flat_groups"] = self._round_flat_groups  # mixed by success, but a constant training reward
         if log is not None:

@@ -16,6 +16,8 @@ events or stream were not measured to pay, since it is also the bit-exact one.
 | ... with pruning on several processes | deterministic | in-engine pruning runs on one colocate process for now |
 """
 
+from ..allocation.registry import method_class
+
 SHORT_COMPLETIONS = 32  # tokens: at or below this cap, one streamed request per rollout does not pay
 
 
@@ -28,7 +30,7 @@ def choose_rollout_mode(args, cuda):
     if args.max_completion_length <= SHORT_COMPLETIONS:
         return "deterministic", (f"completions of at most {args.max_completion_length} tokens: one request per rollout "
                                  "costs more than event-driven filling saves")
-    if args.vllm_mode == "colocate" and args.filling == "full":
+    if args.vllm_mode == "colocate" and not method_class("filling", args.filling).adaptive:
         return "deterministic", "colocate with full groups: one generation call either way, nothing to overlap"
     if args.vllm_mode == "colocate" and args.pruning != "none" and args.world_size > 1:
         return "deterministic", "pruning inside a colocate engine runs on one process for now (two-phase pruning here)"

@@ -12,7 +12,8 @@ the weights, the worker scores each rollout at `detect_length` tokens, and the m
 cohort (one submission's rollouts) at a time; pruned rollouts are aborted in the engine, survivors go on in
 the same request (`rollout.streaming`). Otherwise the rollouts pending at each poll are generated together by TRL's
 generation step across the ranks (`BatchedRollouts` without a generate function), so ZeRO-3 works and a run
-is reproducible. The order of events goes to the round log.
+is reproducible. The order of events stays on the main process, which writes it to the round log
+(`output_dir/allocation/rounds.jsonl`, one line per round); it is not broadcast.
 
 `rollout_mode="stream"` keeps one `rollout.streaming.StreamDriver` across rounds: a round closes once it has
 its groups or has started its budget; its open groups (and their rollouts in flight) go on into the next
@@ -113,7 +114,8 @@ class EventRoundMixin:
         return rows
 
     def _run_event_round(self):
-        """The round's rows and its log (the order of events, seconds waited on the engine), on every rank."""
+        """The round's rows and its log (seconds waited on the engine) on every rank; the main process's log also
+        has the order of events (for the round log, not broadcast)."""
         if self.use_vllm:
             sync_vllm_weights(self)
         with self._colocate_awake():
@@ -173,8 +175,10 @@ class EventRoundMixin:
             self._close_rollouts(rollouts)
             if driver is not None and driver.detect_at:
                 self.pruner.add_time(scoring_s=driver.rollouts.scoring_s + driver.rollouts.hook_s)
-        events = self._main_call(lambda: {"events": driver.events, "waited_s": driver.waited_s})
-        return rows, events
+        log = self._main_call(lambda: {"waited_s": driver.waited_s})
+        if driver is not None:  # the main process: its events go to the round log only
+            log = {**log, "events": driver.events}
+        return rows, log
 
 
 class StreamRoundMixin:
@@ -234,15 +238,19 @@ class StreamRoundMixin:
         rows = self._poll_round(driver)
         held_rows.update({row["rid"]: row for row in rows if not row.get("aborted")})
         summary = self._allocator(self.engine.finish_round)
-        def close():  # main process: what to train, what to hold, the round's own events
-            events, driver.events = driver.events, []
+        events = []
+
+        def close():  # main process: what to train, what to hold (the round's own events stay here, not broadcast)
+            events[:], driver.events = driver.events, []
             return ([(row["rid"], row["staleness"]) for row in driver.trained],
                     sorted(row["rid"] for rs in driver.held.values() for row in rs),
-                    {"events": events, "waited_s": driver.waited_s, "carried": driver.carried,
+                    {"waited_s": driver.waited_s, "carried": driver.carried,
                      "stale_aborted": driver.stale_aborted, "version": driver.version,
                      "in_flight": len(driver.live) + len(driver.replay)})
 
         trained, held, log = self._main_call(close)
+        if driver is not None:  # the main process: the events go to the round log only
+            log = {**log, "events": events}
         trained_rows = [dict(held_rows[rid], staleness=s) for rid, s in trained]
         self._stream_rows = {rid: held_rows[rid] for rid in held}
         return rows, trained_rows, summary, self._stream_admitted, log

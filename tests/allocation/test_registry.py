@@ -1,0 +1,58 @@
+"""The registry is the only dispatch (allocation/registry.py): every built-in name builds through its class, an
+unknown name lists the registered ones, and a user's own class, named by its import path, trains without any edit of
+the package."""
+
+import pytest
+
+from trl_alloc.allocation import method_class, method_names
+
+
+def test_unknown_names_and_bad_import_paths_are_clear_errors():
+    with pytest.raises(ValueError, match=r"unknown filling 'saraa'; choose one of full, dynamic_sampling, sara"):
+        method_class("filling", "saraa")
+    with pytest.raises(ValueError, match=r"cannot import module 'no_such_module'"):
+        method_class("pacing", "no_such_module.MyPacer")
+    with pytest.raises(ValueError, match=r"'my_methods' has no 'NotAPacer' that is a subclass of "
+                                         r"trl_alloc.allocation.Pacer"):
+        method_class("pacing", "my_methods.NotAPacer")
+    with pytest.raises(ValueError, match=r"has no 'Missing'"):
+        method_class("pacing", "my_methods.Missing")
+
+
+def test_every_builtin_builds_from_the_config_through_its_class(tmp_path):
+    """Each registered pacing and filling builds from an `AllocGRPOConfig` with no name branch in between."""
+    from trl_alloc.allocation.factory import build_stages
+    from trl_alloc.trainer.config import AllocGRPOConfig
+
+    reference = tmp_path / "state.json"
+    reference.write_text('{"pacer": {"allocation_log": [[[0, 1], [2, 2]]]}}')
+    for pacing in method_names("pacing"):
+        for filling in method_names("filling"):
+            try:
+                args = AllocGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], pacing=pacing,
+                                       filling=filling, per_device_train_batch_size=8, num_generations=4,
+                                       random_matched_reference=str(reference))
+            except ValueError as err:  # a pairing a method refuses (knapsack sets its own counts)
+                assert pacing == "knapsack" and "use filling='full'" in str(err)
+                continue
+            pacer, filler = build_stages(args, num_prompts=16, num_rounds=4)
+            assert type(pacer) is method_class("pacing", pacing) and type(filler) is method_class("filling", filling)
+            assert filler.group_size == 4 and pacer.remaining_responses == args.budget_for(4) or pacing == "random_matched"
+
+
+def test_a_users_own_pacer_trains_by_its_import_path(tmp_path):
+    from helpers import build
+
+    from trl_alloc.allocation.engine import read_round_log
+    from trl_alloc.benchmarks.measure import count_generated
+
+    trainer = build(tmp_path, pacing="my_methods.HalfPacer", filling="full", per_device_train_batch_size=16,
+                    num_rounds=3, pacing_kwargs={"fraction": 0.25})
+    generated = count_generated(trainer)
+    trainer.train()
+    assert type(trainer.engine.pacer).__name__ == "HalfPacer" and trainer.engine.pacer.admitted == 1
+    assert generated["n"] == trainer.engine.counters["responses"] == 3 * 4  # one prompt of 4 per round, 3 rounds
+    assert [len(entry["groups"]) for entry in read_round_log(trainer.round_log_path)] == [1, 1, 1]
+    with pytest.raises(ValueError, match=r"`pacing_kwargs` has \['fractoin'\], which pacing='my_methods.HalfPacer' "
+                                         r"does not take; it takes fraction"):
+        build(tmp_path, pacing="my_methods.HalfPacer", pacing_kwargs={"fractoin": 0.25})
