@@ -144,7 +144,7 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
     trainer.train()
     train_s = time.perf_counter() - t0
 
-    hist = trainer.engine.history
+    hist = trainer.allocator.history
     logs = [h for h in trainer.state.log_history if "alloc/round" in h]
     cold = opts.cold_start_steps if variant != "none" else 0
 
@@ -202,9 +202,10 @@ def _fmt(x, spec=".2f"):
 
 
 def markdown_table(results, opts):
-    head = ("| pruning | tokens generated | eff. groups | tokens / eff. group | tokens / eff. group (after cold start) "
-            "| pruned / eligible | tokens saved (est.) | mean final len (completed) | median s/step "
-            "| median gen s/step | head acc (majority baseline) after cold start | head AUC (after cold start) | mean reward |")
+    head = ("| pruning | tokens generated | eff. groups | tokens / eff. group "
+            "| tokens / eff. group (after cold start) | pruned / eligible | tokens saved (est.) "
+            "| mean final len (completed) | median s/step | median gen s/step "
+            "| head acc (majority baseline) after cold start | head AUC (after cold start) | mean reward |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         pe = f"{r['pruned']}/{_fmt(r['eligible'], '.0f')}" if r["variant"] != "none" else "-"

@@ -12,7 +12,7 @@ Each variant is warmed up once (one short run, not recorded), then run ``--repea
 interleaved, rotating order (a b c, b c a, c a b, ...) so slow drift of the machine does not
 favour one variant. Per run: wall-clock of ``trainer.train()`` and of every optimizer step
 (callback timestamps), responses generated (counted at the generation call), and for the
-allocating trainers the allocator's own time (``trainer.engine.history``: ``allocator_s`` / ``round_s``).
+allocating trainers the allocator's own time (``trainer.allocator.history``: ``allocator_s`` / ``round_s``).
 Reported: median s/step over all recorded steps, median total s per run, ms/response, the ratio of
 median s/step to stock, and the allocator's share of the round wall-clock.
 
@@ -33,7 +33,8 @@ import sys
 import tempfile
 import time
 
-from trl_alloc.benchmarks.measure import cpu_run_kwargs, count_generated, parse_choices, check_batch, quiet, step_timer
+from trl_alloc.benchmarks.measure import cpu_run_kwargs, parse_choices, check_batch, quiet, step_timer
+from trl_alloc.trainer.trl_compat import count_generated
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

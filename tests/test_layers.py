@@ -76,3 +76,27 @@ def test_no_import_cycle_at_import_time():
 
     for m in graph:
         visit(m)
+
+
+def _private_trainer_accesses(path):
+    """`trainer._x` / `t._x` / `self.trainer._x` attribute accesses and `getattr(trainer, "_x")` calls in a file."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id in ("trainer", "t")) or (
+                    isinstance(owner, ast.Attribute) and owner.attr == "trainer"):
+                hits.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr")
+              and len(node.args) >= 2 and isinstance(node.args[0], ast.Name) and node.args[0].id in ("trainer", "t")
+              and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("_")):
+            hits.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.func.id}(…, {node.args[1].value!r})")
+    return hits
+
+
+def test_only_the_trainer_layer_touches_a_trainers_private_parts():
+    """Private TRL / transformers / trainer attributes are read in `trainer/` only (`trainer/trl_compat.py` holds
+    TRL's, with its check); the rollout layer gets what it needs as arguments (`rollout.pruning.GenerationHost`)."""
+    hits = [h for name, path in MODULES.items() if layer(name) not in ("trainer", None)
+            for h in _private_trainer_accesses(path)]
+    assert not hits, hits

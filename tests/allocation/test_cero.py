@@ -84,7 +84,7 @@ def test_cero_respects_every_constraint_and_spends_the_budget(M, K, C, frac, nma
         assert units.sum() <= C
         spent += units.sum()
         assert spent <= B
-    assert spent == B and sched.remaining_budget == 0                           # B <= K·C: the whole budget is spent by round K
+    assert spent == B and sched.remaining_budget == 0  # B <= K·C: the whole budget is spent by round K
     assert sched.round <= K
 
 
@@ -220,5 +220,5 @@ def test_bad_feedback_is_rejected():
         s.update(np.full(10, 100), np.zeros(10), responses=np.full(10, 100))
     with pytest.raises(ValueError, match="responses"):
         s.update(np.full(10, 100), np.zeros(10))
-    with pytest.raises(ValueError, match="unknown pacing"):
+    with pytest.raises(ValueError, match="unknown `pacing="):
         make_pacer("cero_turbo", 10)

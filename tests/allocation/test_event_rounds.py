@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trl_alloc.allocation import decide, effective_probability, make_filler, make_pacer
-from trl_alloc.allocation.engine import AllocationEngine, json_default, read_round_log
+from trl_alloc.allocation.allocator import Allocator, json_default, read_round_log
 from trl_alloc.allocation.event_rounds import BatchedEventRound
 from trl_alloc.allocation.pipeline import round_arguments
 from trl_alloc.allocation.sara import ABANDON
@@ -110,7 +110,7 @@ def test_batched_event_round_takes_the_batched_rounds_decisions():
         assert b.groups == a.groups and b.spent == a.spent and b.abandoned == a.abandoned
 
 
-def engine(round_log_path=None):
+def make_allocator(round_log_path=None):
     pacer = make_pacer("cero", 24, rounds=5, budget=40, round_capacity=12, unit_size=2, seed=0)
     filler = make_filler("sara", group_size=4, probe=2, tau_low="auto")
 
@@ -118,7 +118,7 @@ def engine(round_log_path=None):
         return round_arguments(pacer, filler, units, **kw)
     plan = {"pacing": "cero", "filling": "sara", "pruning": "none", "num_prompts": 24, "num_rounds": 5,
             "rollout_budget": 80, "allocation_seed": 0, "dataset_fingerprint": "x"}
-    return AllocationEngine(pacer, filler, join, plan, round_log_path=round_log_path)
+    return Allocator(pacer, filler, join, plan, round_log_path=round_log_path)
 
 
 def event_round(e, p, rng):
@@ -143,15 +143,15 @@ def event_round(e, p, rng):
     return rows
 
 
-def test_engine_event_rounds_never_overspend_and_resume_identically(tmp_path):
+def test_allocator_event_rounds_never_overspend_and_resume_identically(tmp_path):
     p = np.random.default_rng(1).uniform(0, 1, 24)
-    full, first = engine(str(tmp_path / "full.jsonl")), engine()
+    full, first = make_allocator(str(tmp_path / "full.jsonl")), make_allocator()
     rng_a, rng_b = np.random.default_rng(2), np.random.default_rng(2)
     spent = 0
     for _ in range(2):
         spent += len(event_round(full, p, rng_a))
         event_round(first, p, rng_b)
-    resumed = engine(str(tmp_path / "resumed.jsonl"))
+    resumed = make_allocator(str(tmp_path / "resumed.jsonl"))
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict(), default=json_default)))
     for _ in range(3):
         spent += len(event_round(full, p, rng_a))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trl_alloc.allocation import make_pacer, method_class
-from trl_alloc.allocation.engine import json_default
+from trl_alloc.allocation.allocator import json_default
 from trl_alloc.allocation.simulate import simulate
 
 
@@ -123,13 +123,13 @@ def test_trains_in_the_trainer_with_exact_accounting(tmp_path):
     """Four prompts, two per round, ten rounds: five epochs of GRESO in AllocGRPOTrainer."""
     from helpers import build
 
-    from trl_alloc.benchmarks.measure import count_generated
+    from trl_alloc.trainer.trl_compat import count_generated
 
     trainer = build(tmp_path, pacing="greso", filling="full", n_prompts=4, num_rounds=10,
                     pacing_kwargs={"p_hard": 0.2, "p_easy": 0.2})
     generated = count_generated(trainer)
     trainer.train()
-    pacer = trainer.engine.pacer
-    assert generated["n"] == trainer.engine.counters["responses"] == 10 * 2 * 4 - pacer.remaining_responses
+    pacer = trainer.allocator.pacer
+    assert generated["n"] == trainer.allocator.counters["responses"] == 10 * 2 * 4 - pacer.remaining_responses
     assert trainer.state.global_step == 10 and pacer.epoch >= 4
     assert trainer.allocation_state()["pacer"]["p_hard"] == pacer.p_hard

@@ -8,7 +8,7 @@ from trl_alloc.allocation import method_class, method_names
 
 
 def test_unknown_names_and_bad_import_paths_are_clear_errors():
-    with pytest.raises(ValueError, match=r"unknown filling 'saraa'; choose one of full, dynamic_sampling, sara"):
+    with pytest.raises(ValueError, match=r"unknown `filling='saraa'`; choose one of full, dynamic_sampling, sara"):
         method_class("filling", "saraa")
     with pytest.raises(ValueError, match=r"cannot import module 'no_such_module'"):
         method_class("pacing", "no_such_module.MyPacer")
@@ -37,21 +37,22 @@ def test_every_builtin_builds_from_the_config_through_its_class(tmp_path):
                 continue
             pacer, filler = build_stages(args, num_prompts=16, num_rounds=4)
             assert type(pacer) is method_class("pacing", pacing) and type(filler) is method_class("filling", filling)
-            assert filler.group_size == 4 and pacer.remaining_responses == args.budget_for(4) or pacing == "random_matched"
+            assert (filler.group_size == 4 and pacer.remaining_responses == args.budget_for(4)
+                    or pacing == "random_matched")
 
 
 def test_a_users_own_pacer_trains_by_its_import_path(tmp_path):
     from helpers import build
 
-    from trl_alloc.allocation.engine import read_round_log
-    from trl_alloc.benchmarks.measure import count_generated
+    from trl_alloc.allocation.allocator import read_round_log
+    from trl_alloc.trainer.trl_compat import count_generated
 
     trainer = build(tmp_path, pacing="my_methods.HalfPacer", filling="full", per_device_train_batch_size=16,
                     num_rounds=3, pacing_kwargs={"fraction": 0.25})
     generated = count_generated(trainer)
     trainer.train()
-    assert type(trainer.engine.pacer).__name__ == "HalfPacer" and trainer.engine.pacer.admitted == 1
-    assert generated["n"] == trainer.engine.counters["responses"] == 3 * 4  # one prompt of 4 per round, 3 rounds
+    assert type(trainer.allocator.pacer).__name__ == "HalfPacer" and trainer.allocator.pacer.admitted == 1
+    assert generated["n"] == trainer.allocator.counters["responses"] == 3 * 4  # one prompt of 4 per round, 3 rounds
     assert [len(entry["groups"]) for entry in read_round_log(trainer.round_log_path)] == [1, 1, 1]
     with pytest.raises(ValueError, match=r"`pacing_kwargs` has \['fractoin'\], which pacing='my_methods.HalfPacer' "
                                          r"does not take; it takes fraction"):

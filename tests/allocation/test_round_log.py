@@ -1,4 +1,4 @@
-"""The round log (allocation/engine.py): one JSON line per round in `output_dir/allocation/rounds.jsonl`, appended
+"""The round log (allocation/allocator.py): one JSON line per round in `output_dir/allocation/rounds.jsonl`, appended
 as each round is recorded, kept in sync with the checkpoint a run resumes from, and never accumulated in memory."""
 
 import json
@@ -7,13 +7,13 @@ import os
 import numpy as np
 
 from trl_alloc.allocation import make_filler, make_pacer
-from trl_alloc.allocation.engine import AllocationEngine, json_default, read_round_log, round_log_file
+from trl_alloc.allocation.allocator import Allocator, json_default, read_round_log, round_log_file
 from trl_alloc.allocation.pipeline import round_arguments
 
 N, K = 24, 4
 
 
-def engine(rounds, budget_units, round_log_path=None):
+def make_allocator(rounds, budget_units, round_log_path=None):
     pacer = make_pacer("cero", N, rounds=rounds, budget=budget_units, round_capacity=12, unit_size=2, seed=0)
     filler = make_filler("sara", group_size=K, probe=2, tau_low="auto")
 
@@ -21,7 +21,7 @@ def engine(rounds, budget_units, round_log_path=None):
         return round_arguments(pacer, filler, units, **options)
     plan = {"pacing": "cero", "filling": "sara", "pruning": "none", "num_prompts": N, "num_rounds": rounds,
             "rollout_budget": 2 * budget_units, "allocation_seed": 0, "dataset_fingerprint": "x"}
-    return AllocationEngine(pacer, filler, join, plan, round_log_path=round_log_path)
+    return Allocator(pacer, filler, join, plan, round_log_path=round_log_path)
 
 
 def event_round(e, p, rng, window=6):
@@ -72,7 +72,7 @@ def test_one_line_per_round_with_requests_groups_and_events(tmp_path, monkeypatc
     rng = np.random.default_rng(1)
     path = round_log_file(str(tmp_path / "out"))
     assert path == str(tmp_path / "out" / "allocation" / "rounds.jsonl")
-    e = engine(5, 40, path)
+    e = make_allocator(5, 40, path)
     requests, summary = deterministic_round(e, p, rng)
     assert read_round_log(path) == [{"round": 0, "requests": [list(map(list, r)) for r in requests],
                                      "groups": summary["groups"]}]  # written at once (no events key: none)
@@ -83,13 +83,13 @@ def test_one_line_per_round_with_requests_groups_and_events(tmp_path, monkeypatc
     assert e.last_round_log["round"] == 1 and e.last_round_log["events"] is events  # only the last line in memory
 
     # a new run in the same output_dir (no resume) starts the file anew
-    again = engine(5, 40, path)
+    again = make_allocator(5, 40, path)
     deterministic_round(again, p, np.random.default_rng(1))
     assert [x["round"] for x in read_round_log(path)] == [0]
 
     # without a path (simulators, tests) nothing is written anywhere
     monkeypatch.chdir(tmp_path / "out")
-    quiet = engine(5, 40)
+    quiet = make_allocator(5, 40)
     deterministic_round(quiet, p, rng)
     event_round(quiet, p, rng)
     assert sorted(os.listdir(tmp_path / "out")) == ["allocation"] and os.listdir(tmp_path / "out" / "allocation") == [
@@ -102,7 +102,7 @@ def test_resume_keeps_the_checkpoints_rounds_only(tmp_path):
     as the uninterrupted run's does."""
     p = np.random.default_rng(0).uniform(0, 1, N)
     full_path, run_path = str(tmp_path / "full.jsonl"), str(tmp_path / "run" / "rounds.jsonl")
-    full, run = engine(6, 60, full_path), engine(6, 60, run_path)
+    full, run = make_allocator(6, 60, full_path), make_allocator(6, 60, run_path)
     rng_a, rng_b = np.random.default_rng(1), np.random.default_rng(1)
     for _ in range(2):
         event_round(full, p, rng_a)
@@ -115,7 +115,7 @@ def test_resume_keeps_the_checkpoints_rounds_only(tmp_path):
         f.write('{"round": 4, "requests": [], "gro')
     assert len(read_round_log(full_path)) == 2 and open(run_path).read().count("\n") == 4
 
-    resumed = engine(6, 60, run_path)
+    resumed = make_allocator(6, 60, run_path)
     resumed.load_state_dict(checkpoint)
     assert [x["round"] for x in read_round_log(run_path)] == [0, 1]  # at once: a rollback leaves no line behind
     rng_b.bit_generator.state = rng_at_checkpoint
@@ -131,12 +131,12 @@ def test_memory_and_payload_stay_flat_over_200_rounds(tmp_path):
     """200 event rounds: the file has 200 lines (with the events); in memory, the engine's only per-round record is
     `history` (and CERO's `allocation_log`, what `random_matched` replays, in the pacer): every other container and
     the rest of the state keep their size, so no round's events are kept; the summary broadcast each round
-    (`_allocator(engine.finish_round)` in the trainer) has a size bounded independently of the round index."""
+    (`_allocate(allocator.finish_round)` in the trainer) has a size bounded independently of the round index."""
     rounds = 200
     p = np.random.default_rng(0).uniform(0, 1, N)
     rng = np.random.default_rng(1)
     path = str(tmp_path / "allocation" / "rounds.jsonl")
-    e = engine(rounds, rounds * 10, path)  # 20 responses a round
+    e = make_allocator(rounds, rounds * 10, path)  # 20 responses a round
 
     def containers(obj):
         return {k: len(v) for k, v in vars(obj).items() if isinstance(v, (list, dict, tuple, set, np.ndarray))}
@@ -152,7 +152,7 @@ def test_memory_and_payload_stay_flat_over_200_rounds(tmp_path):
         summaries.append(summary)
         event_bytes += len(json.dumps(events, default=json_default))
         if r + 1 in (50, rounds):
-            at[r + 1] = {"engine": containers(e), "pacer": containers(e.pacer), "filler": containers(e.filler),
+            at[r + 1] = {"allocator": containers(e), "pacer": containers(e.pacer), "filler": containers(e.filler),
                          "state": flat_state_size(), "history": len(e.history)}
 
     log = read_round_log(path)
@@ -161,9 +161,9 @@ def test_memory_and_payload_stay_flat_over_200_rounds(tmp_path):
     assert sum(len(x["events"]) for x in log) > 20 * rounds  # the events are on disk...
     early, late = at[50], at[rounds]
     assert late["history"] - early["history"] == rounds - 50
-    grown = {(part, k) for part in ("engine", "pacer", "filler") for k, n in late[part].items()
+    grown = {(part, k) for part in ("allocator", "pacer", "filler") for k, n in late[part].items()
              if n != early[part].get(k)}
-    assert grown == {("engine", "history"), ("pacer", "allocation_log")}  # ...and in memory only one line of them
+    assert grown == {("allocator", "history"), ("pacer", "allocation_log")}  # ...and in memory only one line of them
     assert e.last_round_log["round"] == rounds - 1
     # over 150 rounds the rest of the state changes by digits only: less than one round's events
     assert abs(late["state"] - early["state"]) <= 256 < event_bytes / rounds

@@ -61,7 +61,11 @@ def test_round_recorder_per_call_and_per_round():
     assert rec.rounds == [{0: [1.0, 0.0]}, {2: [1.0]}]
 
     class FakeTrainer:  # stands in for a trl-alloc trainer's round loop: two reward calls per round
+        round_start_hooks = []
+
         def _run_round(self):
+            for hook in self.round_start_hooks:
+                hook()
             scored(["2+2=", "2+2="], ["ok", ""], completion_ids=[[1], []])  # the second one was pruned
             scored(["1+1="], ["no"], completion_ids=[[3]])
             return "batches"

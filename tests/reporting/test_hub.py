@@ -32,7 +32,8 @@ class LocalHub:
         for dirpath, _, files in os.walk(folder_path):
             for name in files:
                 rel = os.path.relpath(os.path.join(dirpath, name), folder_path)
-                if any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(rel.split(os.sep)[0], p) for p in ignore_patterns or ()):
+                if any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(rel.split(os.sep)[0], p)
+                       for p in ignore_patterns or ()):
                     continue
                 os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
                 shutil.copy(os.path.join(dirpath, name), os.path.join(dest, rel))
@@ -129,5 +130,5 @@ def test_a_card_written_before_the_runs_report_still_has_its_figures(tmp_path):
     trainer.create_model_card()
     card = open(os.path.join(tmp_path, "README.md"), encoding="utf-8").read()
     assert os.path.isfile(os.path.join(tmp_path, "allocation", "summary.json"))
-    responses = trainer.engine.counters["responses"]
+    responses = trainer.allocator.counters["responses"]
     assert f"| responses spent | {responses} |" in card and responses > 0

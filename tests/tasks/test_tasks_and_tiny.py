@@ -61,8 +61,9 @@ def test_word_problems_are_chat_prompts_with_checked_answers():
         else:
             want = nums[0] * nums[1] - nums[2]
         assert want == int(row["answer"]) >= 0, text
-    reward = math_reward([ds[0]["prompt"]] * 2, [[{"role": "assistant", "content": f"so \\boxed{{{ds[0]['answer']}}}"}],
-                                                [{"role": "assistant", "content": "\\boxed{-1}"}]],
+    reward = math_reward([ds[0]["prompt"]] * 2,
+                         [[{"role": "assistant", "content": f"so \\boxed{{{ds[0]['answer']}}}"}],
+                          [{"role": "assistant", "content": "\\boxed{-1}"}]],
                          answer=[ds[0]["answer"]] * 2)
     assert reward == [1.0, 0.0]
 
@@ -317,8 +318,9 @@ def test_bench_quick_writes_table_json_and_plots(tiny_dir, tmp_path):
                            "--output_dir", str(redo)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (redo / "bench.md").read_text() == table and (redo / "selection_lift.png").exists()
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--from_json", str(out / "egr_vs_budget.png"),
-                           "--output_dir", str(redo)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--from_json",
+                           str(out / "egr_vs_budget.png"), "--output_dir", str(redo)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "cannot read it as a bench.json" in proc.stderr
 
 

@@ -53,7 +53,8 @@ def backend(out):
     aborted = rollouts.abort([long_rids[0]])
     result["aborted"] = [(r.rid, r.finish_reason, list(r.token_ids)) for r in aborted]
     while rollouts.in_flight:
-        order += [(r.tag, r.rid, r.finish_reason, list(r.token_ids), len(r.logprobs)) for r in rollouts.next_completed()]
+        order += [(r.tag, r.rid, r.finish_reason, list(r.token_ids), len(r.logprobs))
+                  for r in rollouts.next_completed()]
     result.update(order=order, long=long_rids, short=short_rids, in_flight=rollouts.in_flight)
     rollouts.close()
 
@@ -78,7 +79,7 @@ def train(out, overrides, resume=None):
     from helpers import build_served_model, make_args
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_alloc.allocation.engine import read_round_log
+    from trl_alloc.allocation.allocator import read_round_log
     from trl_alloc.serving.protocol import state_checksum
     from trl_alloc.trainer import AllocGRPOTrainer
 
@@ -106,19 +107,21 @@ def train(out, overrides, resume=None):
     def spy(rows, groups):
         batches = inner(rows, groups)
         seen.append({"groups": list(groups), "rows": [
-            {"rid": r.get("rid"), "pid": r["pid"], "staleness": r.get("staleness", 0), "aborted": bool(r.get("aborted")),
-             "logps": len(r.get("sampling_logps") or []), "tokens": len(r["completion_ids"])}
-            for r in trainer._round_loss_rows]})
+            {"rid": r.get("rid"), "pid": r["pid"], "staleness": r.get("staleness", 0),
+             "aborted": bool(r.get("aborted")), "logps": len(r.get("sampling_logps") or []),
+             "tokens": len(r["completion_ids"])}
+            for r in trainer.round_state.loss_rows]})
         return batches
 
     trainer._build_loss_batches = spy
     trainer.train(resume_from_checkpoint=resume)
-    engine = trainer.engine
-    return {"budget": kw.get("rollout_budget"), "remaining": engine.pacer.remaining_responses,
-            "counters": engine.counters, "history_responses": [h["responses"] for h in engine.history],
+    allocator = trainer.allocator
+    return {"budget": kw.get("rollout_budget"), "remaining": allocator.pacer.remaining_responses,
+            "counters": allocator.counters, "history_responses": [h["responses"] for h in allocator.history],
             "events": [entry.get("events") or [] for entry in read_round_log(trainer.round_log_path)],
-            "carried": sum(h.get("carried", 0) for h in engine.history), "seen": seen, "pushes": pushes,
-            "global_step": trainer.state.global_step, "logged": sorted({k for x in trainer.state.log_history for k in x})}
+            "carried": sum(h.get("carried", 0) for h in allocator.history), "seen": seen, "pushes": pushes,
+            "global_step": trainer.state.global_step,
+            "logged": sorted({k for x in trainer.state.log_history for k in x})}
 
 
 if __name__ == "__main__":

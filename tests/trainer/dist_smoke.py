@@ -13,7 +13,7 @@ from helpers import build_served_model, make_args, tiny_setup  # noqa: E402
 
 from transformers import TrainerCallback  # noqa: E402
 
-from trl_alloc.allocation.engine import json_default as _json_default, read_round_log  # noqa: E402
+from trl_alloc.allocation.allocator import json_default as _json_default, read_round_log  # noqa: E402
 from trl_alloc.trainer import AllocGRPOTrainer  # noqa: E402
 
 
@@ -72,19 +72,19 @@ def main():
     checks = Checksums()
     checks.trainer = trainer
     trainer.add_callback(checks)
-    decided, events_here, record_round = [], [], trainer.engine.record_round
+    decided, events_here, record_round = [], [], trainer.allocator.record_round
 
     def recorded(*a, **kw):  # what this rank decided each round (requests, committed groups), and whether the
         entry = record_round(*a, **kw)  # round's events reached it
-        line = json.loads(json.dumps(trainer.engine.last_round_log, default=_json_default))
+        line = json.loads(json.dumps(trainer.allocator.last_round_log, default=_json_default))
         events_here.append(line.pop("events", None) is not None)
         decided.append(line)
         return entry
 
-    trainer.engine.record_round = recorded
+    trainer.allocator.record_round = recorded
     trainer.train(resume_from_checkpoint=resume)
     rank = trainer.accelerator.process_index
-    record = {"decided": decided, "events_here": events_here, "counters": trainer.engine.counters,
+    record = {"decided": decided, "events_here": events_here, "counters": trainer.allocator.counters,
               "global_step": trainer.state.global_step, "world": trainer.accelerator.num_processes,
               "param_sums": checks.sums, "rank_rollouts": getattr(trainer, "colocate_rank_rollouts", None)}
     if trainer.accelerator.is_main_process:

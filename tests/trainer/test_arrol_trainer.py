@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from helpers import ROOT, make_args, tiny_setup  # noqa: E402
 
-from trl_alloc.allocation.engine import read_round_log  # noqa: E402
+from trl_alloc.allocation.allocator import read_round_log  # noqa: E402
 from trl_alloc.trainer.config import AllocGRPOConfig  # noqa: E402
 from trl_alloc.rollout.pruning import HEAD_DIR, HEAD_OPTIMIZER_NAME, RolloutPruner  # noqa: E402
 from trl_alloc.rollout.quality_head import QualityHead  # noqa: E402
@@ -128,10 +128,11 @@ def test_pruned_responses_count_in_the_budget(arrol_run):
     phase1 = sum(len(ps) for cap, ps, _ in rec["calls"] if cap == L)
     rows = [r for req in rec["requests"] for r in req]
     n_pruned = sum(r["pruned"] for r in rows)
-    assert phase1 == len(rows) == trainer.engine.counters["responses"] == 5 * 16  # every response, pruned included
-    assert trainer.engine.pacer.remaining_responses == trainer.engine.pacer.budget_responses - len(rows) == 0
-    assert sum(h["pruned"] for h in trainer.engine.history) == n_pruned == trainer.pruner.totals["pruned"]
-    assert trainer.engine.counters["tokens"] == sum(len(r["completion_ids"]) for r in rows)  # L tokens per pruned one
+    assert phase1 == len(rows) == trainer.allocator.counters["responses"] == 5 * 16  # every response, pruned included
+    assert trainer.allocator.pacer.remaining_responses == trainer.allocator.pacer.budget_responses - len(rows) == 0
+    assert sum(h["pruned"] for h in trainer.allocator.history) == n_pruned == trainer.pruner.totals["pruned"]
+    # L tokens per pruned one
+    assert trainer.allocator.counters["tokens"] == sum(len(r["completion_ids"]) for r in rows)
     logged = [h for h in trainer.state.log_history if "pruning/pruned" in h]
     assert sum(h["pruning/pruned"] for h in logged) == n_pruned
     assert logged[-1]["pruning/tokens_saved_total"] > 0
@@ -202,7 +203,7 @@ def test_random_pruning_at_the_same_keep_ratio(tmp_path):
     for rows_, groups, batches in rec["batches"]:
         n_loss = sum(1 for r in rows_ if r["pid"] in groups and not r["pruned"])
         assert sum(len(batch_rows(b)) for b in batches if "tool_mask" not in b) == n_loss
-    assert trainer.engine.counters["responses"] == len(rows) == 4 * 16
+    assert trainer.allocator.counters["responses"] == len(rows) == 4 * 16
     ckpt = tmp_path / "checkpoint-4"
     assert not (ckpt / HEAD_DIR).exists()
     assert json.loads((ckpt / ALLOCATION_STATE_NAME).read_text())["pruner"]["mode"] == "random"
@@ -256,7 +257,8 @@ def test_save_and_resume_restore_head_and_calibrator(tmp_path):
     assert restored["optimizer"]["state"][0]["step"] == saved_opt["state"][0]["step"] > 0
     # ... and the resumed run repeats the uninterrupted one's decisions and head updates
     assert read_round_log(resumed.round_log_path) == read_round_log(full.round_log_path)[2:]
-    assert [h["pruned"] for h in resumed.engine.history] == [h["pruned"] for h in full.engine.history]  # the whole run's history
+    assert ([h["pruned"] for h in resumed.allocator.history]
+            == [h["pruned"] for h in full.allocator.history])  # the whole run's history
     assert resumed.pruner.state_dict() == full.pruner.state_dict()
     for k, v in resumed.pruner.head.state_dict().items():
         torch.testing.assert_close(v, full.pruner.head.state_dict()[k])
@@ -326,15 +328,15 @@ def test_pruning_none_is_unchanged(tmp_path):
     args = AllocGRPOConfig(output_dir=str(tmp_path / "defaults"), use_cpu=True, report_to=[])
     assert args.pruning == "none" and args.detect_length == 512 and args.keep_ratio == 0.5
     trainer = build(tmp_path / "none", pruning="none", max_steps=2, save_strategy="steps", save_steps=2)
-    assert trainer.pruner is None and trainer.engine.pruner is None
+    assert trainer.pruner is None and trainer.allocator.pruner is None
     rec = spy(trainer)
     trainer.train()
     assert len(rec["calls"]) == len(rec["requests"]) > 0  # one generation call per request, no second phase
     assert all(cap == MAX_LEN for cap, _, _ in rec["calls"])
     rows = [r for req in rec["requests"] for r in req]
     assert not any(r["pruned"] for r in rows) and all(np.isfinite(r["success"]) for r in rows)
-    assert trainer.engine.counters["responses"] == len(rows) == 2 * 16
-    assert sum(h["pruned"] for h in trainer.engine.history) == 0
+    assert trainer.allocator.counters["responses"] == len(rows) == 2 * 16
+    assert sum(h["pruned"] for h in trainer.allocator.history) == 0
     assert not any(k.startswith(("pruning/", "arrol/")) for x in trainer.state.log_history for k in x)
     checkpoint = tmp_path / "none" / "checkpoint-2"
     assert (checkpoint / ALLOCATION_STATE_NAME).is_file() and not (checkpoint / HEAD_DIR).exists()
@@ -431,7 +433,7 @@ def test_arrol_through_the_vllm_server(tmp_path):
         survivors = Counter(tuple(r["prompt_ids"] + r["completion_ids"][:L]) for r in rows
                             if not r["pruned"] and not finished_early(r, eos))
         assert continued == survivors  # only survivors go on, from prompt + partial
-        assert trainer.engine.counters["responses"] == len(rows) == 3 * 16
+        assert trainer.allocator.counters["responses"] == len(rows) == 3 * 16
         for r in rows:  # sampling log-probs cover the whole completion (phase 1 + phase 2)
             assert len(r["sampling_logps"]) == len(r["completion_ids"])
         for rows_, groups, batches in rec["batches"]:

@@ -12,7 +12,8 @@ from collections import Counter
 import pytest
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vLLM is not installed")]
+              pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None,
+                                 reason="vLLM is not installed")]
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "colocate_child.py")
 
@@ -61,7 +62,8 @@ def test_colocate_rollouts_on_trls_engine(tmp_path):
     assert rid == got["long"][0] and why == "abort" and 0 < len(partial) < 12 and partial == ref[:len(partial)]
     assert sorted([o[1] for o in order] + [rid]) == sorted(got["long"] + got["short"]) and got["in_flight"] == 0
     snaps = got["snapshots"]
-    assert sorted(s["rid"] for s in snaps) == got["scored_rids"] and got["ended"] == {str(r): 1 for r in got["scored_rids"]}
+    assert (sorted(s["rid"] for s in snaps) == got["scored_rids"]
+            and got["ended"] == {str(r): 1 for r in got["scored_rids"]})
     for s in snaps:
         assert s["tokens"] == 4 and s["hidden"] == 64 and s["score"] == pytest.approx(s["mine"], abs=0.05)
 

@@ -1,7 +1,7 @@
 """AllocGRPOTrainer with rollout_mode="events" (trainer/streaming.py) on the tiny model, transformers
 generation: the exactness of the deterministic mode (budget, resume, groups from their own round) holds,
-every started rollout ends exactly once, and the order of events is in the round log (output_dir/allocation/rounds.jsonl,
-one line per round, written by the main process)."""
+every started rollout ends exactly once, and the order of events is in the round log
+(output_dir/allocation/rounds.jsonl, one line per round, written by the main process)."""
 
 import importlib.util
 import json
@@ -13,8 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 from helpers import build  # noqa: E402
 
-from trl_alloc.allocation.engine import json_default, read_round_log  # noqa: E402
-from trl_alloc.benchmarks.measure import count_generated  # noqa: E402
+from trl_alloc.allocation.allocator import json_default, read_round_log  # noqa: E402
+from trl_alloc.trainer.trl_compat import count_generated  # noqa: E402
 from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
 
 
@@ -40,15 +40,15 @@ def test_events_never_generate_past_the_budget(tmp_path, pacing, filling):
                     max_generation_batches=50, rollout_mode="events", rollout_max_inflight=8)
     generated = count_generated(trainer)
     trainer.train()
-    spent = budget - trainer.engine.pacer.remaining_responses
-    assert generated["n"] == trainer.engine.counters["responses"] == spent <= budget
-    assert trainer.state.global_step == trainer.engine.counters["rounds"] <= 6
+    spent = budget - trainer.allocator.pacer.remaining_responses
+    assert generated["n"] == trainer.allocator.counters["responses"] == spent <= budget
+    assert trainer.state.global_step == trainer.allocator.counters["rounds"] <= 6
     log = read_round_log(trainer.round_log_path)
-    assert [entry["round"] for entry in log] == list(range(trainer.engine.counters["rounds"]))
+    assert [entry["round"] for entry in log] == list(range(trainer.allocator.counters["rounds"]))
     started = [check_events(entry) for entry in log]
-    assert sum(started) == spent and [h["responses"] for h in trainer.engine.history] == started
+    assert sum(started) == spent and [h["responses"] for h in trainer.allocator.history] == started
     assert any(entry["groups"] for entry in log)  # something was trained
-    assert all(h["aborted"] == 0 for h in trainer.engine.history)  # batched generation: nothing left running
+    assert all(h["aborted"] == 0 for h in trainer.allocator.history)  # batched generation: nothing left running
     logged = {k for x in trainer.state.log_history for k in x}
     assert {"alloc/responses_aborted", "alloc/engine_wait_s"} <= logged
 
@@ -65,7 +65,7 @@ def test_events_respect_the_window(tmp_path):
 
     trainer._generate_and_score_request = spy
     trainer.train()
-    assert sizes and max(sizes) <= 5 and sum(sizes) == trainer.engine.counters["responses"]
+    assert sizes and max(sizes) <= 5 and sum(sizes) == trainer.allocator.counters["responses"]
 
 
 def test_events_resume_restores_the_allocator_and_reproduces_decisions(tmp_path):
@@ -121,15 +121,15 @@ def test_events_through_the_vllm_server(tmp_path):
             trainer.train()
             client = trainer.vllm_generation.vllm_client
             assert client.weights_checksum()["num_pushes"] >= trainer.state.global_step
-            spent = budget - trainer.engine.pacer.remaining_responses
-            assert trainer.engine.counters["responses"] == sum(len(r) for r, _ in seen) == spent <= budget
+            spent = budget - trainer.allocator.pacer.remaining_responses
+            assert trainer.allocator.counters["responses"] == sum(len(r) for r, _ in seen) == spent <= budget
             assert sum(check_events(e) for e in read_round_log(trainer.round_log_path)) == spent
             for rows_, groups in seen:
                 for r in rows_:
                     assert len(r["completion_ids"]) <= 8
                     if not (r["aborted"] or r["pruned"]):
                         assert len(r["sampling_logps"]) == len(r["completion_ids"])
-            loss = trainer._round_loss_rows  # the last round's: no aborted or pruned rollout
+            loss = trainer.round_state.loss_rows  # the last round's: no aborted or pruned rollout
             assert all(not r["aborted"] and not r["pruned"] for r in loss)
             return trainer, [r for rs, _ in seen for r in rs]
 
@@ -143,7 +143,7 @@ def test_events_through_the_vllm_server(tmp_path):
         prunes = [(pid, rid) for e in read_round_log(trainer.round_log_path) for kind, pid, rid in e["events"]
                   if kind == "prune"]
         assert len(prunes) == len(pruned) == trainer.pruner.totals["pruned"] == sum(h["pruned"] for h in
-                                                                                     trainer.engine.history)
+                                                                                     trainer.allocator.history)
         assert {r["rid"] for r in pruned} == {rid for _, rid in prunes}
         assert all(r["success"] != r["success"] and r["reward"] != r["reward"] for r in pruned)  # NaN: no reward
         assert all(2 <= len(r["completion_ids"]) <= 8 for r in pruned)
@@ -169,7 +169,7 @@ def test_events_keep_arrol_two_phase_pruning_with_transformers_generation(tmp_pa
     rows = [r for rs, _ in seen for r in rs]
     pruned = [r for r in rows if r["pruned"]]
     assert pruned and all(len(r["completion_ids"]) == 2 for r in pruned)  # cut at detect_length
-    assert sum(h["pruned"] for h in trainer.engine.history) == len(pruned) == trainer.pruner.totals["pruned"]
+    assert sum(h["pruned"] for h in trainer.allocator.history) == len(pruned) == trainer.pruner.totals["pruned"]
     log = read_round_log(trainer.round_log_path)
-    assert trainer.engine.counters["responses"] == len(rows) == sum(check_events(e) for e in log)
-    assert all(not r["pruned"] for r in trainer._round_loss_rows)
+    assert trainer.allocator.counters["responses"] == len(rows) == sum(check_events(e) for e in log)
+    assert all(not r["pruned"] for r in trainer.round_state.loss_rows)

@@ -108,7 +108,7 @@ def test_none_rewards_are_unscored_and_reported(tmp_path):
     t.train()
     spent = t.allocation_summary["responses_spent"]
     assert t.allocation_summary["responses_unscored"] == spent // 2
-    assert sum(h["unscored"] for h in t.engine.history) == spent // 2
+    assert sum(h["unscored"] for h in t.allocator.history) == spent // 2
 
 
 def test_a_reward_function_returning_none_gets_a_clear_error(tmp_path):
@@ -138,7 +138,8 @@ def finished_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("change,field", [(dict(rollout_budget=80), "rollout_budget"),
-                                          (dict(num_rounds=5), "num_rounds"), (dict(allocation_seed=1), "allocation_seed")])
+                                          (dict(num_rounds=5), "num_rounds"),
+                                          (dict(allocation_seed=1), "allocation_seed")])
 def test_resume_refuses_another_plan(finished_run, tmp_path, change, field):
     out, _ = finished_run
     other = build(tmp_path, **{**KW, **change})
@@ -162,7 +163,8 @@ def test_report_after_resume_covers_the_whole_run(finished_run, tmp_path):
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
     for key in ("rounds", "responses_spent", "responses_remaining", "effective_groups"):
         assert resumed.allocation_summary[key] == full.allocation_summary[key], key
-    assert len(resumed.engine.history) == 4 and resumed.engine.exposure.tolist() == full.engine.exposure.tolist()
+    assert len(resumed.allocator.history) == 4
+    assert resumed.allocator.exposure.tolist() == full.allocator.exposure.tolist()
 
 
 def test_resuming_a_finished_run_does_not_overwrite_its_report(finished_run, tmp_path):
@@ -182,7 +184,7 @@ def test_resume_true_takes_the_latest_checkpoint(finished_run, tmp_path):
     out, _ = finished_run
     t = build(out, **KW)
     t.train(resume_from_checkpoint=True)  # transformers: the newest checkpoint-N of output_dir
-    assert t.state.global_step == 4 and t.engine.counters["rounds"] == 4
+    assert t.state.global_step == 4 and t.allocator.counters["rounds"] == 4
 
 
 @pytest.mark.parametrize("damage,match", [
@@ -351,7 +353,7 @@ def test_api_type_errors_and_tau_low_auto_everywhere(tmp_path):
     assert args.tau_low == 0.3
     t = build(tmp_path / "run", pacing="cero", filling="sara", num_rounds=2, rollout_budget=64, tau_low="auto")
     t.train()
-    assert t.engine.filler.state_dict() is not None and t.engine.counters["rounds"] == 2
+    assert t.allocator.filler.state_dict() is not None and t.allocator.counters["rounds"] == 2
 
 
 def test_the_verifier_is_the_default_success_signal_wherever_it_stands(tmp_path):
@@ -389,7 +391,8 @@ def test_resume_without_optimizer_state_is_refused(finished_run, tmp_path):
     shutil.copytree(out, copy)
     (copy / "checkpoint-4" / "optimizer.pt").unlink()
     t = build(copy, **KW)
-    with pytest.raises(FileNotFoundError, match="checkpoint-4 has no optimizer.pt.*--resume_from_checkpoint .*checkpoint-2"):
+    with pytest.raises(FileNotFoundError,
+                       match="checkpoint-4 has no optimizer.pt.*--resume_from_checkpoint .*checkpoint-2"):
         t.train(resume_from_checkpoint=str(copy / "checkpoint-4"))
 
 
@@ -432,7 +435,8 @@ def test_bad_rows_are_refused_at_load_with_their_numbers(tmp_path, capsys):
     path.write_text("".join(json.dumps(r) + "\n" for r in chat))
     load_prompt_dataset(str(path))
     out = capsys.readouterr().out
-    assert "1 chat prompt(s) with role 'human' (rows 1)" in out and "2 chat prompt(s) with no 'user' turn (rows 1, 2)" in out
+    assert ("1 chat prompt(s) with role 'human' (rows 1)" in out
+            and "2 chat prompt(s) with no 'user' turn (rows 1, 2)" in out)
 
 
 def test_api_inputs_refused_at_construction(tmp_path):
@@ -481,10 +485,11 @@ def test_plan_budget_remainder_does_not_stretch_the_run(tmp_path):
     """--budget 3201 on a 20-round plan used to run knapsack for 80 rounds; a remainder below one group ends it."""
     from trl_alloc.cli.plan import main
 
-    main(["--prompts", "200", "--rounds", "20", "--budget", "3201", "--capacity", "40", "--methods", "knapsack,uniform",
-          "--engine_methods", "", "--output_dir", str(tmp_path)])
+    main(["--prompts", "200", "--rounds", "20", "--budget", "3201", "--capacity", "40",
+          "--methods", "knapsack,uniform", "--engine_methods", "", "--output_dir", str(tmp_path)])
     results = json.loads((tmp_path / "plan.json").read_text())["results"]
-    assert all(r["summary"]["rounds"] <= 21 for r in results.values()), {k: r["summary"]["rounds"] for k, r in results.items()}
+    assert all(r["summary"]["rounds"] <= 21 for r in results.values()), {
+        k: r["summary"]["rounds"] for k, r in results.items()}
 
 
 def test_groups_mixed_by_success_but_flat_in_the_loss_are_reported(tmp_path, capsys):
@@ -506,7 +511,7 @@ def test_groups_mixed_by_success_but_flat_in_the_loss_are_reported(tmp_path, cap
     before = params(t)
     t.train()
     out = capsys.readouterr().out
-    assert sum(h["effective_groups"] for h in t.engine.history) > 0  # mixed by the verifier...
+    assert sum(h["effective_groups"] for h in t.allocator.history) > 0  # mixed by the verifier...
     assert "have a constant training reward (reward weights: alternating_verifier=0, format_reward=1)" in out
     assert not t.allocation_summary["trained"] and same_params(before, params(t))  # ...but nothing moved
 

@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 from helpers import build  # noqa: E402
 
-from trl_alloc.allocation.engine import json_default, read_round_log  # noqa: E402
+from trl_alloc.allocation.allocator import json_default, read_round_log  # noqa: E402
 from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
 
 
@@ -21,7 +21,7 @@ def train_with_spy(trainer, **kwargs):
 
     def spy(rows, groups):
         out = inner(rows, groups)
-        seen.append((list(trainer._round_loss_rows), list(groups)))
+        seen.append((list(trainer.round_state.loss_rows), list(groups)))
         return out
 
     trainer._build_loss_batches = spy
@@ -30,11 +30,11 @@ def train_with_spy(trainer, **kwargs):
 
 
 def check_stream(trainer, seen, budget, max_staleness):
-    spent = budget - trainer.engine.pacer.remaining_responses
-    assert trainer.engine.counters["responses"] == spent <= budget  # spent at submission, in flight included
-    assert sum(h["responses"] for h in trainer.engine.history) == spent
+    spent = budget - trainer.allocator.pacer.remaining_responses
+    assert trainer.allocator.counters["responses"] == spent <= budget  # spent at submission, in flight included
+    assert sum(h["responses"] for h in trainer.allocator.history) == spent
     log = read_round_log(trainer.round_log_path)  # one line per round, with the events that round saw
-    assert [entry["round"] for entry in log] == list(range(trainer.engine.counters["rounds"]))
+    assert [entry["round"] for entry in log] == list(range(trainer.allocator.counters["rounds"]))
     events = [e for entry in log for e in entry["events"]]
     submitted = [rid for kind, _, rid in events if kind == "submit"]
     ended = Counter(rid for kind, _, rid in events if kind != "submit")
@@ -56,7 +56,7 @@ def test_stream_keeps_the_budget_exact_and_trains_each_rollout_once(tmp_path, pa
                     max_generation_batches=50, rollout_mode="stream", rollout_max_inflight=6, max_staleness=2)
     seen = train_with_spy(trainer)
     check_stream(trainer, seen, budget, 2)
-    assert trainer.state.global_step == trainer.engine.counters["rounds"]
+    assert trainer.state.global_step == trainer.allocator.counters["rounds"]
     logged = {k for x in trainer.state.log_history for k in x}
     assert {"alloc/carried", "alloc/staleness_max", "alloc/in_flight"} <= logged
 
@@ -67,7 +67,7 @@ def test_stream_carries_groups_across_rounds(tmp_path):
                     rollout_mode="stream", rollout_max_inflight=5, max_staleness=3)
     seen = train_with_spy(trainer)
     check_stream(trainer, seen, 96, 3)
-    assert sum(h.get("carried", 0) for h in trainer.engine.history) > 0
+    assert sum(h.get("carried", 0) for h in trainer.allocator.history) > 0
     assert any(r["staleness"] >= 1 for rows, _ in seen for r in rows)
 
 
@@ -76,7 +76,8 @@ def test_stream_mode_is_checked(tmp_path):
         build(tmp_path, rollout_mode="stream", max_staleness=0)
     with pytest.raises(ValueError, match="one optimizer step"):
         build(tmp_path, rollout_mode="stream", steps_per_generation=2)
-    with pytest.raises(ValueError, match="prunes .* inside a vLLM engine"):  # (in-stream: tests/trainer/test_colocate.py)
+    # (in-stream: tests/trainer/test_colocate.py)
+    with pytest.raises(ValueError, match="prunes .* inside a vLLM engine"):
         build(tmp_path, rollout_mode="stream", pruning="random", detect_length=2)
 
 
@@ -97,17 +98,17 @@ def test_stream_resume_mid_stream(tmp_path):
 
     def spy(state, *args, **kwargs):
         out = inner(state, *args, **kwargs)
-        loaded.append(json.loads(json.dumps(resumed.engine.state_dict(), default=json_default)))
+        loaded.append(json.loads(json.dumps(resumed.allocator.state_dict(), default=json_default)))
         return out
 
     resumed.load_allocation_state = spy
     seen = train_with_spy(resumed, resume_from_checkpoint=str(ckpt))
     after_load = loaded[0]
     assert after_load["pacer"] == saved["pacer"] and after_load["counters"] == saved["counters"]
-    assert resumed.engine.counters["rounds"] == full.engine.counters["rounds"]
+    assert resumed.allocator.counters["rounds"] == full.allocator.counters["rounds"]
     assert saved["stream"]["in_flight"] > 0  # this run had rollouts in flight at the checkpoint
-    spent = 48 - resumed.engine.pacer.remaining_responses
-    assert resumed.engine.counters["responses"] == spent <= 48
+    spent = 48 - resumed.allocator.pacer.remaining_responses
+    assert resumed.allocator.counters["responses"] == spent <= 48
     assert all(0 <= r["staleness"] <= 2 for rows, _ in seen for r in rows)
 
 
@@ -178,8 +179,8 @@ def test_stream_through_the_vllm_server(tmp_path):
         resumed = make("resumed")
         seen = train_with_spy(resumed, resume_from_checkpoint=str(ckpt))
         assert resumed.state.global_step == trainer.state.global_step
-        spent = budget - resumed.engine.pacer.remaining_responses
-        assert resumed.engine.counters["responses"] == spent <= budget
+        spent = budget - resumed.allocator.pacer.remaining_responses
+        assert resumed.allocator.counters["responses"] == spent <= budget
         trained = Counter(r["rid"] for rows_, _ in seen for r in rows_)
         assert trained and set(trained.values()) == {1}
         assert all(0 <= r["staleness"] <= 2 for rows_, _ in seen for r in rows_)

@@ -19,9 +19,9 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from helpers import ROOT, SCRIPTED, build, make_args, scripted_generation, tiny_setup  # noqa: E402, F401
 
-from trl_alloc.benchmarks.measure import count_generated  # noqa: E402
+from trl_alloc.trainer.trl_compat import count_generated  # noqa: E402
 from trl_alloc.trainer.config import AllocDAPOConfig  # noqa: E402
-from trl_alloc.allocation.engine import json_default as _json_default, read_round_log  # noqa: E402
+from trl_alloc.allocation.allocator import json_default as _json_default, read_round_log  # noqa: E402
 from trl_alloc.trainer import AllocDAPOTrainer, AllocGRPOTrainer  # noqa: E402
 from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
 
@@ -65,12 +65,12 @@ def test_runs_exactly_num_rounds(tmp_path):
     generated = count_generated(trainer)
     trainer.train()
     assert trainer.state.global_step == 3
-    assert trainer.engine.counters["rounds"] == 3
-    assert generated["n"] == trainer.engine.counters["responses"] == 3 * 2 * 4  # 2 prompts × k=4 per round
+    assert trainer.allocator.counters["rounds"] == 3
+    assert generated["n"] == trainer.allocator.counters["responses"] == 3 * 2 * 4  # 2 prompts × k=4 per round
     assert trainer.round_log_path == str(tmp_path / "allocation" / "rounds.jsonl")
     log = read_round_log(trainer.round_log_path)  # one line per round, written as the round is recorded
     assert [r["round"] for r in log] == [0, 1, 2] and [len(r["groups"]) for r in log] == [2, 2, 2]
-    assert log[-1] == json.loads(json.dumps(trainer.engine.last_round_log))
+    assert log[-1] == json.loads(json.dumps(trainer.allocator.last_round_log))
     logged = [h for h in trainer.state.log_history if "alloc/responses_spent" in h]
     assert [h["alloc/responses_spent"] for h in logged] == [8.0, 16.0, 24.0]
     assert logged[-1]["alloc/responses_remaining"] == 0.0
@@ -79,8 +79,8 @@ def test_runs_exactly_num_rounds(tmp_path):
 def test_stops_when_budget_exhausted_with_final_save(tmp_path):
     trainer = build(tmp_path, num_rounds=5, rollout_budget=16, save_strategy="steps", save_steps=100)
     trainer.train()
-    assert trainer.state.global_step == 2 and trainer.engine.budget_exhausted
-    assert trainer.engine.counters["responses"] == 16 and trainer.engine.pacer.remaining_responses == 0
+    assert trainer.state.global_step == 2 and trainer.allocator.budget_exhausted
+    assert trainer.allocator.counters["responses"] == 16 and trainer.allocator.pacer.remaining_responses == 0
     state = json.loads((tmp_path / "checkpoint-2" / ALLOCATION_STATE_NAME).read_text())
     assert state["pacer"]["remaining_responses"] == 0 and state["counters"]["rounds"] == 2
 
@@ -93,11 +93,11 @@ def test_never_generates_past_the_budget(tmp_path, pacing, filling):
                     max_generation_batches=50)
     generated = count_generated(trainer)
     trainer.train()
-    spent = budget - trainer.engine.pacer.remaining_responses
-    assert generated["n"] == trainer.engine.counters["responses"] == spent <= budget
-    assert trainer.state.global_step == trainer.engine.counters["rounds"] <= 6
+    spent = budget - trainer.allocator.pacer.remaining_responses
+    assert generated["n"] == trainer.allocator.counters["responses"] == spent <= budget
+    assert trainer.state.global_step == trainer.allocator.counters["rounds"] <= 6
     log = read_round_log(trainer.round_log_path)
-    assert len(log) == trainer.engine.counters["rounds"]
+    assert len(log) == trainer.allocator.counters["rounds"]
     for entry in log:  # every loss group was generated in its own round
         asked = {pid for ids, _ in entry["requests"] for pid in ids}
         assert set(entry["groups"]) <= asked
@@ -113,7 +113,7 @@ def test_empty_round_leaves_parameters_unchanged(tmp_path):
                     weight_decay=0.1)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
-    assert trainer.state.global_step == 1 and trainer.engine.counters["empty_rounds"] == 1
+    assert trainer.state.global_step == 1 and trainer.allocator.counters["empty_rounds"] == 1
     assert read_round_log(trainer.round_log_path) == [{"round": 0, "requests": [], "groups": []}]
     for a, b in zip(before, trainer.model.parameters()):
         assert torch.equal(a, b)
@@ -147,7 +147,7 @@ def test_dapo_trainer_adds_overlong_shaping(tmp_path):
     trainer = AllocDAPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
     assert trainer.reward_func_names[-1] == "soft_overlong_punishment_reward"
     trainer.train()
-    assert trainer.engine.counters["rounds"] >= 1
+    assert trainer.allocator.counters["rounds"] >= 1
 
 
 # ---------------------------------------------------------------- checkpoint / resume
@@ -264,7 +264,8 @@ def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode, colocate):
     ranks = launch(tmp_path)
     assert ranks[0]["world"] == 2 and "round_log" not in ranks[1]  # written by the main process only
     log = ranks[0]["round_log"]
-    assert ranks[0]["decided"] == ranks[1]["decided"] == decisions(log) and ranks[0]["counters"] == ranks[1]["counters"]
+    assert (ranks[0]["decided"] == ranks[1]["decided"] == decisions(log)
+            and ranks[0]["counters"] == ranks[1]["counters"])
     if mode != "deterministic":  # the order of events is in the main process's file; no other rank received it
         assert all("events" in x for x in log) and all(ranks[0]["events_here"]) and not any(ranks[1]["events_here"])
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == ranks[0]["counters"]["rounds"]

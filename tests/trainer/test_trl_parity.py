@@ -21,7 +21,7 @@ def test_max_steps_below_num_rounds_stops_early_and_says_so(tmp_path, capsys):
     t = build(tmp_path, pacing="cero", filling="sara", num_rounds=10, rollout_budget=320, max_steps=3)
     assert "max_steps=3 stops the run after 3 of 10 rounds" in capsys.readouterr().out
     t.train()
-    assert t.state.global_step == 3 and t.engine.counters["rounds"] == 3 and t.num_rounds == 10
+    assert t.state.global_step == 3 and t.allocator.counters["rounds"] == 3 and t.num_rounds == 10
 
 
 def test_max_steps_alone_plans_that_many_rounds(tmp_path):
@@ -70,7 +70,7 @@ def test_several_optimizer_steps_per_round(tmp_path, setting):
     inner = t._run_round
     t._run_round = lambda: calls.append(1) or inner()
     t.train()
-    assert t.state.global_step == 6 and len(calls) == 3 and t.engine.counters["rounds"] == 3
+    assert t.state.global_step == 6 and len(calls) == 3 and t.allocator.counters["rounds"] == 3
 
 
 def test_an_empty_round_moves_no_parameter_over_all_its_steps(tmp_path):
@@ -81,7 +81,7 @@ def test_an_empty_round_moves_no_parameter_over_all_its_steps(tmp_path):
                          train_dataset=ds, processing_class=tok)
     before = {k: v.clone() for k, v in t.model.named_parameters()}
     t.train()
-    assert t.state.global_step == 4 and t.engine.counters["empty_rounds"] == 2
+    assert t.state.global_step == 4 and t.allocator.counters["empty_rounds"] == 2
     assert all(torch.equal(before[k], v) for k, v in t.model.named_parameters())
 
 
@@ -162,7 +162,8 @@ def test_a_trl_without_the_private_steps_gets_a_clear_error(monkeypatch, tmp_pat
     from trl_alloc.trainer import trl_compat
 
     monkeypatch.delattr(GRPOTrainer, "_calculate_rewards")
-    with pytest.raises(trl_compat.TRLCompatibilityError, match=r"has no _calculate_rewards.*pip install 'trl>=1.16,<1.17'"):
+    with pytest.raises(trl_compat.TRLCompatibilityError,
+                       match=r"has no _calculate_rewards.*pip install 'trl>=1.16,<1.17'"):
         build(tmp_path)
     monkeypatch.undo()
     monkeypatch.setattr(trl_compat.trl, "__version__", "1.99.0")

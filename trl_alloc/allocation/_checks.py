@@ -1,11 +1,18 @@
 """Argument checks shared by the allocators: each error names the argument and the fix."""
 
+from __future__ import annotations
+
 import numbers
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
-def check_int(name, value, minimum=0):
+
+def check_int(name: str, value: numbers.Real, minimum: int = 0) -> int:
     """A non-negative (or >= minimum) integer, bools excluded."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         if isinstance(value, numbers.Real) and float(value).is_integer() and not isinstance(value, bool):
@@ -17,7 +24,7 @@ def check_int(name, value, minimum=0):
     return int(value)
 
 
-def check_open_unit(name, value, low_closed=False, high_closed=False):
+def check_open_unit(name: str, value: float, low_closed: bool = False, high_closed: bool = False) -> float:
     """A float in (0, 1), optionally including either end."""
     value = float(value)
     ok_low = value >= 0 if low_closed else value > 0
@@ -28,14 +35,14 @@ def check_open_unit(name, value, low_closed=False, high_closed=False):
     return value
 
 
-def check_prior(name, prior):
+def check_prior(name: str, prior: Sequence[float]) -> tuple[float, float]:
     a0, b0 = (float(x) for x in prior)
     if not (a0 > 0 and b0 > 0):
         raise ValueError(f"`{name}` must be two positive Beta parameters (a0, b0), got {prior!r}.")
     return a0, b0
 
 
-def check_counts(name, values, length):
+def check_counts(name: str, values: ArrayLike, length: int) -> np.ndarray:
     """Per-prompt counts: an array of `length` non-negative integers."""
     arr = np.asarray(values)
     if arr.shape != (length,):
@@ -47,7 +54,7 @@ def check_counts(name, values, length):
     return arr.astype(np.int64)
 
 
-def check_finite(name, values):
+def check_finite(name: str, values: ArrayLike) -> np.ndarray:
     arr = np.asarray(values, dtype=float)
     if np.isnan(arr).any():
         raise ValueError(f"`{name}` contains NaN; drop or fix those entries before calling.")

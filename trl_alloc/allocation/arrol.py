@@ -2,7 +2,11 @@
 calibrator of the quality head, the pruning decision (`ARROLPruning`, `RandomPruning`), and
 rank-weighted majority voting at test time. numpy/scipy only."""
 
+from __future__ import annotations
+
 from collections import deque
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import brentq
@@ -11,6 +15,9 @@ from scipy.stats import rankdata
 
 from ._checks import check_finite, check_int, check_open_unit
 from .registry import register
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 
 def _unit_interval(name, values):
@@ -21,8 +28,8 @@ def _unit_interval(name, values):
     return arr
 
 
-def survival_probabilities(q, keep_ratio=0.5, target_ratio=0.5, slope=0.5, p_min=0.1, p_max=0.9,
-                           direction="auto"):
+def survival_probabilities(q: ArrayLike, keep_ratio: float = 0.5, target_ratio: float = 0.5, slope: float = 0.5,
+                           p_min: float = 0.1, p_max: float = 0.9, direction: str = "auto") -> np.ndarray:
     """p_i = clip(κ + δ + λ s (ρ − q_i), p_min, p_max) for one group, δ by bisection so mean(p) = κ.
 
     q: calibrated success probabilities of the group's partial rollouts; κ = keep_ratio,
@@ -69,13 +76,13 @@ def survival_probabilities(q, keep_ratio=0.5, target_ratio=0.5, slope=0.5, p_min
     return np.clip(kappa + delta + tilt, lo, hi)
 
 
-def sample_survivors(p, rng):
+def sample_survivors(p: ArrayLike, rng: np.random.Generator | int | None) -> np.ndarray:
     """Boolean mask: rollout i survives with probability p_i (is pruned with 1 − p_i)."""
     p = _unit_interval("p", p)
     return np.random.default_rng(rng).random(p.shape) < p
 
 
-def rank_weights(scores):
+def rank_weights(scores: ArrayLike) -> np.ndarray:
     """w = (N − rank)/(N − 1) in [0, 1], rank 1 = highest score, ties get their average rank."""
     s = np.atleast_1d(check_finite("scores", scores))
     if s.size <= 1:
@@ -83,7 +90,8 @@ def rank_weights(scores):
     return (s.size - rankdata(-s, method="average")) / (s.size - 1)
 
 
-def vote_totals(answers, weights=None):
+def vote_totals(answers: Iterable[Hashable | None],
+                weights: ArrayLike | None = None) -> dict[Hashable, tuple[float, int, int]]:
     """{answer: (total weight, count, first index)}; None answers are skipped."""
     answers = list(answers)
     w = np.ones(len(answers)) if weights is None else np.atleast_1d(check_finite("weights", weights))
@@ -97,7 +105,7 @@ def vote_totals(answers, weights=None):
     return totals
 
 
-def weighted_majority_vote(answers, weights=None):
+def weighted_majority_vote(answers: Iterable[Hashable | None], weights: ArrayLike | None = None) -> Hashable | None:
     """argmax_a Σ_{i: answer_i = a} w_i; ties -> larger plain count, then first appearance.
 
     weights=None is plain majority voting; returns None when no answer is given.
@@ -127,7 +135,7 @@ def _paired(scores, labels, name="scores"):
     return s, y
 
 
-def binary_auc(scores, labels):
+def binary_auc(scores: ArrayLike, labels: ArrayLike) -> float:
     """Mann–Whitney AUC = (R_1 − N_1(N_1+1)/2)/(N_1 N_0); NaN when a class is missing."""
     s, y = _paired(scores, labels)
     n1 = int(y.sum())
@@ -138,7 +146,7 @@ def binary_auc(scores, labels):
     return float((r1 - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
-def accuracy(scores, labels, threshold=0.0):
+def accuracy(scores: ArrayLike, labels: ArrayLike, threshold: float = 0.0) -> float:
     """Fraction of (score > threshold) == label (threshold 0 for logits, 0.5 for probabilities)."""
     s, y = _paired(scores, labels)
     return float(np.mean((s > threshold) == (y == 1))) if s.size else float("nan")
@@ -152,7 +160,7 @@ class ScoreCalibrator:
     q = π P(b|1) / (π P(b|1) + (1 − π) P(b|0)). An empty buffer gives q = 0.5.
     """
 
-    def __init__(self, num_bins=10, buffer_size=2048, alpha=1.0):
+    def __init__(self, num_bins: int = 10, buffer_size: int = 2048, alpha: float = 1.0) -> None:
         self.num_bins = check_int("num_bins", num_bins, minimum=1)
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
         self.alpha = float(alpha)
@@ -160,19 +168,19 @@ class ScoreCalibrator:
             raise ValueError(f"`alpha` (Laplace smoothing) must be > 0, got {alpha!r}.")
         self._buffer = deque(maxlen=self.buffer_size)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._buffer)
 
-    def bins(self, logits):
+    def bins(self, logits: ArrayLike) -> np.ndarray:
         x = np.atleast_1d(check_finite("logits", logits))
         return np.minimum((expit(x) * self.num_bins).astype(np.int64), self.num_bins - 1)
 
-    def update(self, logits, labels):
+    def update(self, logits: ArrayLike, labels: ArrayLike) -> None:
         """Append (bin, label) of completed rollouts; the oldest fall out past `buffer_size`."""
         x, y = _paired(logits, labels, name="logits")
         self._buffer.extend(zip(self.bins(x).tolist(), y.tolist()))
 
-    def calibrate(self, logits):
+    def calibrate(self, logits: ArrayLike) -> np.ndarray:
         b = self.bins(logits)
         B, a = self.num_bins, self.alpha
         n1, n0 = np.zeros(B), np.zeros(B)
@@ -184,12 +192,12 @@ class ScoreCalibrator:
         prior = (N1 + a) / (N1 + N0 + 2 * a)
         return prior * like1 / (prior * like1 + (1 - prior) * like0)
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         bins, labels = (list(t) for t in zip(*self._buffer)) if self._buffer else ([], [])
         return {"num_bins": self.num_bins, "buffer_size": self.buffer_size, "alpha": self.alpha,
                 "bins": bins, "labels": labels}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         bins, labels = [int(b) for b in state["bins"]], [int(y) for y in state["labels"]]
         num_bins = check_int("num_bins", state["num_bins"], minimum=1)
         if len(bins) != len(labels) or any(not 0 <= b < num_bins for b in bins) \
@@ -209,8 +217,9 @@ class ARROLPruning:
 
     uses_head = True
 
-    def __init__(self, keep_ratio=0.5, target_ratio=0.5, slope=0.5, p_min=0.1, p_max=0.9, cold_start_rounds=20,
-                 calibration_bins=10, calibration_buffer=2048, calibration_alpha=1.0, seed=0):
+    def __init__(self, keep_ratio: float = 0.5, target_ratio: float = 0.5, slope: float = 0.5, p_min: float = 0.1,
+                 p_max: float = 0.9, cold_start_rounds: int = 20, calibration_bins: int = 10,
+                 calibration_buffer: int = 2048, calibration_alpha: float = 1.0, seed: int = 0) -> None:
         self.survival = dict(keep_ratio=keep_ratio, target_ratio=target_ratio, slope=slope, p_min=p_min, p_max=p_max)
         self.cold_start_rounds = check_int("cold_start_rounds", cold_start_rounds, minimum=0)
         self.calibrator = ScoreCalibrator(calibration_bins, calibration_buffer, calibration_alpha)
@@ -218,11 +227,11 @@ class ARROLPruning:
         self.rounds = 0
 
     @property
-    def active(self):
+    def active(self) -> bool:
         """Past the cold start: pruning decisions are made (before it, every rollout survives)."""
         return self.rounds >= self.cold_start_rounds
 
-    def keep_probabilities(self, groups, logits):
+    def keep_probabilities(self, groups: ArrayLike, logits: ArrayLike) -> np.ndarray:
         """Survival probability of each eligible rollout; `groups`: its prompt id, `logits`: its head logit."""
         groups, logits = np.asarray(groups, np.int64), np.asarray(logits, float)
         q = self.calibrator.calibrate(logits)
@@ -232,25 +241,25 @@ class ARROLPruning:
             p[members] = survival_probabilities(q[members], **self.survival)
         return p
 
-    def prune(self, groups, logits=None):
+    def prune(self, groups: ArrayLike, logits: ArrayLike | None = None) -> np.ndarray:
         """Boolean mask over the eligible rollouts: True = prune (abort) it."""
         groups = np.asarray(groups, np.int64)
         if not self.active or groups.size == 0:
             return np.zeros(groups.size, bool)
         return ~sample_survivors(self.keep_probabilities(groups, logits), self.rng)
 
-    def observe(self, logits, labels):
+    def observe(self, logits: ArrayLike, labels: ArrayLike) -> None:
         """Completed eligible rollouts' (logit, 0/1 label) into the calibrator's buffer."""
         self.calibrator.update(logits, labels)
 
-    def end_round(self):
+    def end_round(self) -> None:
         self.rounds += 1
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return {"rounds": self.rounds, "rng": self.rng.bit_generator.state,
                 "calibrator": self.calibrator.state_dict()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         self.rounds = int(state["rounds"])
         self.rng.bit_generator.state = state["rng"]
         self.calibrator.load_state_dict(state["calibrator"])
@@ -262,6 +271,6 @@ class RandomPruning(ARROLPruning):
 
     uses_head = False
 
-    def keep_probabilities(self, groups, logits=None):
+    def keep_probabilities(self, groups: ArrayLike, logits: ArrayLike | None = None) -> np.ndarray:
         return np.full(np.asarray(groups).size, float(self.survival["keep_ratio"]))
 

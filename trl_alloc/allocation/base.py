@@ -17,14 +17,23 @@ Driving loop (the trainer and every simulator use exactly this)::
     pacer.update(*rnd.outcomes(pacer.num_prompts))
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from .event_rounds import BatchedEventRound, EventRound
 
 SUCCESS_THRESHOLD = 0.5  # default: a response succeeds when its success score is >= 0.5
 
 
-def is_success(scores, threshold=SUCCESS_THRESHOLD):
+def is_success(scores: ArrayLike, threshold: float = SUCCESS_THRESHOLD) -> np.ndarray | np.bool_:
     """The one success rule (allocators, ARROL labels, benchmarks, evaluation): score >= threshold."""
     return np.asarray(scores, dtype=float) >= threshold
 
@@ -39,8 +48,8 @@ class RunContext:
     num_rounds: int
     budget: int
     seed: int = 0
-    pacer: object = None
-    reference: object = None
+    pacer: Pacer | None = None
+    reference: list | None = None
 
 
 class Pacer:
@@ -60,53 +69,54 @@ class Pacer:
     config_kwargs = ()  # the keys it reads from the config's `pacing_kwargs` (its own hyperparameters)
 
     @classmethod
-    def from_config(cls, args, context: RunContext) -> "Pacer":
+    def from_config(cls, args: Any, context: RunContext) -> Pacer:
         """The pacer `args` configures for `context`."""
         raise NotImplementedError(f"{cls.__name__} must define from_config(args, context) to be named in a config "
                                   "(docs/architecture.md#adding-a-method).")
 
     @classmethod
-    def check_config(cls, args) -> None:
+    def check_config(cls, args: Any) -> None:
         """Refuse settings this pacer cannot run with (called when the config is validated)."""
 
     @classmethod
-    def budget_for(cls, args, num_rounds: int) -> int:
+    def budget_for(cls, args: Any, num_rounds: int) -> int:
         """The global response budget when `rollout_budget` is not set: stock GRPO's generation batch per round."""
         return num_rounds * args.generation_batch_size
 
     @classmethod
-    def max_round_responses(cls, args, num_rounds: int, filler_cls) -> int | None:
+    def max_round_responses(cls, args: Any, num_rounds: int, filler_cls: type[Filler]) -> int | None:
         """Most responses one round may spend (None: not bounded by the config alone)."""
         return None
 
-    def propose(self):
+    def propose(self) -> np.ndarray:
         """Executed units per prompt for this round (int array of length ``num_prompts``)."""
         raise NotImplementedError
 
     @property
-    def ranked_prompts(self):
+    def ranked_prompts(self) -> np.ndarray:
         """This round's admission order; the proposed prompts come first."""
         raise NotImplementedError
 
-    def update(self, successes, failures, responses=None, prepaid=None):
+    def update(self, successes: ArrayLike, failures: ArrayLike, responses: ArrayLike | None = None,
+               prepaid: ArrayLike | None = None) -> None:
         """Consume the round's per-prompt success/failure counts; ``responses`` (default S + F) is what
         was spent per prompt, pruned responses included. ``prepaid`` (stream mode): per prompt, the
         observed rollouts an earlier round spent (carried over), so S + F <= responses + prepaid."""
         raise NotImplementedError
 
     @property
-    def remaining_budget(self):
+    def remaining_budget(self) -> int:
         """Whole allocation units left in the global budget."""
         return self.remaining_responses // self.unit_size
 
     @property
-    def finished(self):
+    def finished(self) -> bool:
         return self.remaining_budget <= 0
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         raise NotImplementedError
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
 
 
@@ -122,26 +132,27 @@ class Filler:
     config_kwargs = ()  # the keys it reads from the config's `filling_kwargs`
 
     @classmethod
-    def from_config(cls, args, context: RunContext) -> "Filler":
+    def from_config(cls, args: Any, context: RunContext) -> Filler:
         """The filler `args` configures for `context` (`context.pacer`: the pacer it is paired with)."""
         raise NotImplementedError(f"{cls.__name__} must define from_config(args, context) to be named in a config "
                                   "(docs/architecture.md#adding-a-method).")
 
     @classmethod
-    def check_config(cls, args) -> None:
+    def check_config(cls, args: Any) -> None:
         """Refuse settings this filler cannot run with (called when the config is validated)."""
 
     @classmethod
-    def smallest_group(cls, args) -> int:
+    def smallest_group(cls, args: Any) -> int:
         """The fewest responses that can make a trained group."""
         return args.num_generations
 
     @classmethod
-    def max_round_responses(cls, args, prompts: int) -> int:
+    def max_round_responses(cls, args: Any, prompts: int) -> int:
         """Most responses a round over `prompts` admitted prompts may spend when the pacer does not pace spend."""
         return prompts * args.num_generations
 
-    def round_arguments(self, pacer, units, spend, target_groups=None, history_decay=None) -> dict:
+    def round_arguments(self, pacer: Pacer, units: np.ndarray, spend: int, target_groups: int | None = None,
+                        history_decay: float | None = None) -> dict:
         """Keyword arguments of `start_round` for the pacer's proposal `units`, whose spend is `spend` responses.
 
         A pacer that paces spend (CERO) fixes the round's budget; otherwise the filler may spend up to `oversample`
@@ -154,17 +165,21 @@ class Filler:
             spend = min(self.oversample * target * self.group_size, pacer.remaining_responses)
         return {"stream": stream, "budget": spend, "target_groups": target}
 
-    def start_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None):
+    def start_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
+                    counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
+                    prior_b: ArrayLike | None = None) -> Round:
         raise NotImplementedError
 
-    def start_event_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None,
-                          carry=None, wait_for_groups=False):
+    def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
+                          counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
+                          prior_b: ArrayLike | None = None, carry: dict[int, dict] | None = None,
+                          wait_for_groups: bool = False) -> EventRound | BatchedEventRound:
         raise NotImplementedError
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return {}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         pass
 
 
@@ -184,7 +199,7 @@ class Round:
 
     success_threshold = SUCCESS_THRESHOLD
 
-    def __init__(self, budget):
+    def __init__(self, budget: int) -> None:
         self.budget = int(budget)
         self.spent = 0
         self.groups, self.abandoned = [], []
@@ -194,14 +209,14 @@ class Round:
         self._pending = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @property
-    def done(self):
+    def done(self) -> bool:
         raise NotImplementedError
 
-    def requests(self):
+    def requests(self) -> tuple[np.ndarray, np.ndarray]:
         """(prompt_ids, counts) to generate now, in one batched call; empty arrays when done."""
         return self._pending
 
-    def observe(self, rewards, pruned=None):
+    def observe(self, rewards: Sequence[ArrayLike], pruned: Sequence[ArrayLike] | None = None) -> None:
         """Rewards for the last request: a list aligned with ``prompt_ids``, entry j of length counts[j].
 
         ``pruned`` (optional, aligned like ``rewards``): boolean masks of the responses pruned before
@@ -243,7 +258,7 @@ class Round:
         of the observed (not pruned) ones only."""
         raise NotImplementedError
 
-    def outcomes(self, num_prompts):
+    def outcomes(self, num_prompts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-prompt (successes, failures, responses) arrays over the whole pool, for ``Pacer.update``;
         ``responses`` = successes + failures + pruned + unscored."""
         s, f, cut = (np.zeros(num_prompts, np.int64) for _ in range(3))
@@ -252,7 +267,7 @@ class Round:
                 arr[pid] += v
         return s, f, s + f + cut
 
-    def stats(self):
+    def stats(self) -> dict[str, float]:
         return {"responses": self.spent, "groups": len(self.groups), "effective_groups": self.effective,
                 "abandoned": len(self.abandoned), "generation_calls": self.generation_calls,
                 "pruned": int(sum(self.pruned.values())), "unscored": int(sum(self.unscored.values()))}

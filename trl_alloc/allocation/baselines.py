@@ -1,18 +1,25 @@
 """The papers' baselines as pacers and fillers: plain GRPO, DAPO dynamic sampling, KnapsackRL
 (docs/allocation.md#baselines)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ._checks import check_counts, check_int
-from .base import Filler, Pacer, Round
+from .base import Filler, Pacer, Round, RunContext
 from .event_rounds import BatchedEventRound, EventRound
 from .registry import method_class, register
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 
 class _BudgetedPacer(Pacer):
     """Budget bookkeeping shared by every pacer: remaining responses, per-prompt counts, validation."""
 
-    def __init__(self, num_prompts, unit_size, budget_responses):
+    def __init__(self, num_prompts: int, unit_size: int, budget_responses: int) -> None:
         self.num_prompts = check_int("num_prompts", num_prompts, 1)
         self.unit_size = check_int("unit_size", unit_size, 1)
         self.budget_responses = check_int("budget", budget_responses, 0)
@@ -55,7 +62,7 @@ class UniformPacer(_BudgetedPacer):
     """
 
     @classmethod
-    def from_config(cls, args, context):
+    def from_config(cls, args: Any, context: RunContext) -> Pacer:
         ppr = args.nominal_prompts_per_round
         if ppr > context.num_prompts:
             raise ValueError(f"`prompts_per_round` ({ppr}) exceeds the {context.num_prompts} prompts of the training "
@@ -68,16 +75,17 @@ class UniformPacer(_BudgetedPacer):
         return {}
 
     @classmethod
-    def budget_for(cls, args, num_rounds):
+    def budget_for(cls, args: Any, num_rounds: int) -> int:
         """Stock GRPO's responses: `prompts_per_round` groups of k per round."""
         return num_rounds * args.nominal_prompts_per_round * args.num_generations
 
     @classmethod
-    def max_round_responses(cls, args, num_rounds, filler_cls):
+    def max_round_responses(cls, args: Any, num_rounds: int, filler_cls: type[Filler]) -> int:
         """The filler's cap over `prompts_per_round` prompts (a full group each, or its oversampling cap)."""
         return filler_cls.max_round_responses(args, args.nominal_prompts_per_round)
 
-    def __init__(self, num_prompts, prompts_per_round, group_size, budget_responses=None, rounds=None, seed=0):
+    def __init__(self, num_prompts: int, prompts_per_round: int, group_size: int, budget_responses: int | None = None,
+                 rounds: int | None = None, seed: int = 0) -> None:
         self.prompts_per_round = check_int("prompts_per_round", prompts_per_round, 1)
         if budget_responses is None:
             if rounds is None:
@@ -92,20 +100,21 @@ class UniformPacer(_BudgetedPacer):
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_prompts)
 
     @property
-    def ranked_prompts(self):
+    def ranked_prompts(self) -> np.ndarray:
         """The rest of this epoch, then the next epoch (prompts repeat only across epochs)."""
         nxt = self._epoch_order(self.epoch + 1)
         rest = self._order[self.cursor:]
         return np.concatenate([rest, nxt[~np.isin(nxt, rest)]])
 
-    def propose(self):
+    def propose(self) -> np.ndarray:
         n = min(self.prompts_per_round, self.remaining_budget)
         units = np.zeros(self.num_prompts, np.int64)
         units[self.ranked_prompts[:n]] = 1
         self.last_units = units
         return units
 
-    def update(self, successes, failures, responses=None, prepaid=None):
+    def update(self, successes: ArrayLike, failures: ArrayLike, responses: ArrayLike | None = None,
+               prepaid: ArrayLike | None = None) -> None:
         _, _, spent = self._consume(successes, failures, responses, prepaid)
         self._advance_past(spent, self.ranked_prompts)
 
@@ -123,10 +132,10 @@ class UniformPacer(_BudgetedPacer):
                 self._order = self._epoch_order(self.epoch)
         return passed
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return {**self._base_state(), "epoch": self.epoch, "cursor": self.cursor, "seed": self.seed}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         self._load_base_state(state)
         self.seed, self.epoch, self.cursor = int(state["seed"]), int(state["epoch"]), int(state["cursor"])
         self._order = self._epoch_order(self.epoch)
@@ -147,12 +156,13 @@ class KnapsackPacer(UniformPacer):
         return {"min_n": args.knapsack_min_n, "max_n": args.knapsack_max_n}
 
     @classmethod
-    def check_config(cls, args):
+    def check_config(cls, args: Any) -> None:
         if method_class("filling", args.filling).adaptive:
             raise ValueError("pacing='knapsack' sets each prompt's response count itself; use filling='full'.")
 
-    def __init__(self, num_prompts, prompts_per_round, group_size, budget_responses=None, rounds=None,
-                 min_n=2, max_n=None, history=16, seed=0):
+    def __init__(self, num_prompts: int, prompts_per_round: int, group_size: int, budget_responses: int | None = None,
+                 rounds: int | None = None, min_n: int = 2, max_n: int | None = None, history: int = 16,
+                 seed: int = 0) -> None:
         super().__init__(num_prompts, prompts_per_round, group_size, budget_responses, rounds, seed)
         self.group_size, self.unit_size = group_size, 1
         self.min_n = check_int("min_n", min_n, 1)
@@ -163,11 +173,11 @@ class KnapsackPacer(UniformPacer):
         self.hist_sum = np.zeros(num_prompts)
         self.hist_len = np.zeros(num_prompts, np.int64)
 
-    def success_rate(self):
+    def success_rate(self) -> np.ndarray:
         return np.where(self.hist_len > 0, self.hist_sum / np.maximum(self.hist_len, 1), 0.5)
 
     @staticmethod
-    def value(p, n):
+    def value(p: float | np.ndarray, n: int | np.ndarray) -> float | np.ndarray:
         """KnapsackRL's value of giving n responses to a prompt with success rate p."""
         return (1.0 - p ** n - (1.0 - p) ** n) * p * (1.0 - p) ** 2
 
@@ -212,7 +222,7 @@ class KnapsackPacer(UniformPacer):
         out[cum <= budget] = alloc[cum <= budget]
         return out
 
-    def propose(self):
+    def propose(self) -> np.ndarray:
         round_budget = min(self.prompts_per_round * self.group_size, self.remaining_responses)
         prompts = self.ranked_prompts[: self.prompts_per_round]
         units = np.zeros(self.num_prompts, np.int64)
@@ -220,7 +230,8 @@ class KnapsackPacer(UniformPacer):
         self.last_units = units
         return units
 
-    def update(self, successes, failures, responses=None, prepaid=None):
+    def update(self, successes: ArrayLike, failures: ArrayLike, responses: ArrayLike | None = None,
+               prepaid: ArrayLike | None = None) -> None:
         s = check_counts("successes", successes, self.num_prompts)
         f = check_counts("failures", failures, self.num_prompts)
         super().update(s, f, responses, prepaid)
@@ -233,10 +244,10 @@ class KnapsackPacer(UniformPacer):
         self.hist_sum[seen] = rate_old * old + s[seen] / n * keep
         self.hist_len[seen] = old + keep
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return {**super().state_dict(), "hist_sum": self.hist_sum.tolist(), "hist_len": self.hist_len.tolist()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.hist_sum = np.asarray(state["hist_sum"], float)
         self.hist_len = np.asarray(state["hist_len"], np.int64)
@@ -248,23 +259,28 @@ class FullFiller(Filler):
 
     adaptive = False
 
-    def __init__(self, group_size):
+    def __init__(self, group_size: int) -> None:
         self.group_size = check_int("group_size", group_size, 1)
 
     @classmethod
-    def from_config(cls, args, context):
+    def from_config(cls, args: Any, context: RunContext) -> Filler:
         return cls(group_size=args.num_generations)
 
-    def round_arguments(self, pacer, units, spend, target_groups=None, history_decay=None):
+    def round_arguments(self, pacer: Pacer, units: np.ndarray, spend: int, target_groups: int | None = None,
+                        history_decay: float | None = None) -> dict:
         """Every prompt of the stream gets the responses the pacer proposed for it (`counts`)."""
         stream = np.asarray(pacer.ranked_prompts, np.int64)
         return {"stream": stream, "budget": spend, "target_groups": None, "counts": units[stream] * pacer.unit_size}
 
-    def start_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None):
+    def start_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
+                    counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
+                    prior_b: ArrayLike | None = None) -> FullRound:
         return FullRound(stream, budget, self.group_size, target_groups, counts)
 
-    def start_event_round(self, stream, budget, target_groups=None, counts=None, prior_a=None, prior_b=None,
-                          carry=None, wait_for_groups=False):
+    def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
+                          counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
+                          prior_b: ArrayLike | None = None, carry: dict[int, dict] | None = None,
+                          wait_for_groups: bool = False) -> FullEventRound | BatchedEventRound:
         """The same round as events: one submission of every group. With `carry` (stream mode) each group is
         committed as its last rollout ends and the round closes at its number of groups (`FullEventRound`)."""
         if carry is not None:
@@ -274,7 +290,8 @@ class FullFiller(Filler):
 
 
 class FullRound(Round):
-    def __init__(self, stream, budget, group_size, target_groups=None, counts=None):
+    def __init__(self, stream: ArrayLike, budget: int, group_size: int, target_groups: int | None = None,
+                 counts: ArrayLike | None = None) -> None:
         super().__init__(budget)
         stream = np.asarray(stream, np.int64)
         counts = np.full(stream.size, group_size) if counts is None else np.asarray(counts, np.int64)
@@ -289,7 +306,7 @@ class FullRound(Round):
         self._finished = not fits.any()
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self._finished
 
     def _advance(self, ids, counts, successes, rewards):
@@ -305,29 +322,32 @@ class DynamicSamplingFiller(Filler):
     rewards vary (std > 0), repeat until `target_groups` are kept; more than `max_generation_batches`
     batches is an error (DAPO's cap)."""
 
-    def __init__(self, group_size, max_generation_batches=10, batch_prompts=None):
+    def __init__(self, group_size: int, max_generation_batches: int = 10, batch_prompts: int | None = None) -> None:
         self.group_size = check_int("group_size", group_size, 2)
         self.max_generation_batches = check_int("max_generation_batches", max_generation_batches, 1)
         self.batch_prompts = batch_prompts
 
     @classmethod
-    def from_config(cls, args, context):
+    def from_config(cls, args: Any, context: RunContext) -> Filler:
         return cls(group_size=args.num_generations, max_generation_batches=args.max_generation_batches)
 
     @classmethod
-    def max_round_responses(cls, args, prompts):
+    def max_round_responses(cls, args: Any, prompts: int) -> int:
         return args.max_generation_batches * (args.target_groups or prompts) * args.num_generations
 
     @property
-    def oversample(self):
+    def oversample(self) -> int:
         return self.max_generation_batches
 
-    def start_round(self, stream, budget, target_groups, counts=None, prior_a=None, prior_b=None):
+    def start_round(self, stream: ArrayLike, budget: int, target_groups: int, counts: ArrayLike | None = None,
+                    prior_a: ArrayLike | None = None, prior_b: ArrayLike | None = None) -> DynamicSamplingRound:
         return DynamicSamplingRound(stream, budget, self.group_size, target_groups,
                                     self.max_generation_batches, self.batch_prompts or target_groups)
 
-    def start_event_round(self, stream, budget, target_groups, counts=None, prior_a=None, prior_b=None, carry=None,
-                          wait_for_groups=False):
+    def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int, counts: ArrayLike | None = None,
+                          prior_a: ArrayLike | None = None, prior_b: ArrayLike | None = None,
+                          carry: dict[int, dict] | None = None,
+                          wait_for_groups: bool = False) -> DynamicSamplingEventRound:
         """The same round as events (`DynamicSamplingEventRound`); the cap is the same number of prompts."""
         return DynamicSamplingEventRound(stream, budget, self.group_size, check_int("target_groups", target_groups, 0),
                                          self.max_generation_batches * (self.batch_prompts or target_groups), carry,
@@ -335,7 +355,8 @@ class DynamicSamplingFiller(Filler):
 
 
 class DynamicSamplingRound(Round):
-    def __init__(self, stream, budget, group_size, target_groups, max_batches, batch_prompts):
+    def __init__(self, stream: ArrayLike, budget: int, group_size: int, target_groups: int, max_batches: int,
+                 batch_prompts: int) -> None:
         super().__init__(budget)
         self.stream = np.asarray(stream, np.int64)
         self.k, self.target = group_size, check_int("target_groups", target_groups, 0)
@@ -358,7 +379,7 @@ class DynamicSamplingRound(Round):
         self._pending = (ids, np.full(n, self.k, np.int64))
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self._pending[0].size == 0
 
     def _advance(self, ids, counts, successes, rewards):
@@ -379,7 +400,8 @@ class DynamicSamplingEventRound(EventRound):
     room for one; a group is kept when its k-th rollout ends with varied outcomes. Starting more than
     `max_prompts` prompts without reaching the target is DAPO's cap (an error, as in the batched round)."""
 
-    def __init__(self, stream, budget, group_size, target, max_prompts, carry=None, wait_for_groups=False):
+    def __init__(self, stream: ArrayLike, budget: int, group_size: int, target: int, max_prompts: int,
+                 carry: dict[int, dict] | None = None, wait_for_groups: bool = False) -> None:
         super().__init__(budget, carry, wait_for_groups)
         stream = np.asarray(stream, np.int64)
         self.stream = stream[~np.isin(stream, [int(p) for p in carry or {}])]  # carried groups are resumed
@@ -434,7 +456,8 @@ class FullEventRound(EventRound):
     the round closes once it has as many groups as it has prompts; a group still running then goes on into
     the next round (`carry`), which counts it among its own."""
 
-    def __init__(self, stream, counts, budget, carry=None, wait_for_groups=False):
+    def __init__(self, stream: ArrayLike, counts: ArrayLike, budget: int, carry: dict[int, dict] | None = None,
+                 wait_for_groups: bool = False) -> None:
         super().__init__(budget, carry, wait_for_groups)
         carried = [int(p) for p in carry or {}]
         fresh = ~np.isin(stream, carried)

@@ -1,11 +1,19 @@
-"""Per-prompt Beta states with forgetting (CERO seed, eq. 5) and the reward-variation proxy (eq. 6)."""
+"""Per-prompt Beta states with forgetting (CERO, arXiv 2610.09679, eq. 5) and the reward-variation proxy (eq. 6)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._checks import check_counts, check_open_unit, check_prior
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
-def variance_proxy(a, b):
+
+def variance_proxy(a: ArrayLike, b: ArrayLike) -> np.ndarray:
     """q̂ = E[P(1-P)] = ab / ((a+b)(a+b+1)) in [0, 1/4] (eq. 6), elementwise.
 
     This is the expected within-group reward variance (Prop. 3.1), not Var(P).
@@ -22,14 +30,14 @@ class BetaState:
     a <- a0 + ρ(a - a0) + S,   b <- b0 + ρ(b - b0) + F   (S = F = 0 for prompts not sampled).
     """
 
-    def __init__(self, num_prompts, prior=(1.0, 1.0), forgetting=1.0):
+    def __init__(self, num_prompts: int, prior: Sequence[float] = (1.0, 1.0), forgetting: float = 1.0) -> None:
         self.a0, self.b0 = check_prior("prior", prior)
         self.forgetting = check_open_unit("forgetting", forgetting, high_closed=True)
         self.num_prompts = int(num_prompts)
         self.a = np.full(self.num_prompts, self.a0)
         self.b = np.full(self.num_prompts, self.b0)
 
-    def update(self, successes, failures):
+    def update(self, successes: ArrayLike, failures: ArrayLike) -> None:
         """Eq. 5 for all prompts at once."""
         s = check_counts("successes", successes, self.num_prompts)
         f = check_counts("failures", failures, self.num_prompts)
@@ -38,26 +46,26 @@ class BetaState:
         self.b = self.b0 + rho * (self.b - self.b0) + f
 
     @property
-    def mean(self):
+    def mean(self) -> np.ndarray:
         """Predictive success rate m = a / (a + b)."""
         return self.a / (self.a + self.b)
 
-    def proxy(self):
+    def proxy(self) -> np.ndarray:
         """q̂ for every prompt (eq. 6)."""
         return variance_proxy(self.a, self.b)
 
-    def discounted(self, decay, index=None):
+    def discounted(self, decay: float, index: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(a, b) shrunk toward the prior by `decay` in [0, 1]: a0 + decay (a - a0) (SARA's history prior)."""
         idx = slice(None) if index is None else np.asarray(index)
         a = self.a0 + decay * (self.a[idx] - self.a0)
         b = self.b0 + decay * (self.b[idx] - self.b0)
         return a, b
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return {"a": self.a.tolist(), "b": self.b.tolist(), "prior": [self.a0, self.b0],
                 "forgetting": self.forgetting}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         a, b = np.asarray(state["a"], float), np.asarray(state["b"], float)
         if a.shape != (self.num_prompts,) or b.shape != (self.num_prompts,):
             raise ValueError(f"Beta state holds {a.shape[0]} prompts but this pool has {self.num_prompts}; "

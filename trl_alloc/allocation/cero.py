@@ -4,24 +4,32 @@ Units: one allocation unit = `unit_size` (g) responses. Notation follows Algorit
 R = B/M, Z = K·N_max, c̄ = λ/R, B̄ = B/K, G_B = max(B̄, C − B̄).
 """
 
+from __future__ import annotations
+
 import heapq
 import json
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._checks import check_int, check_open_unit
+from .base import Filler, Pacer, RunContext
 from .baselines import _BudgetedPacer
 from .beta import BetaState
 from .registry import register
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
-def utility(q, z, R, saturation=1.0):
+
+def utility(q: ArrayLike, z: ArrayLike, R: float, saturation: float = 1.0) -> np.ndarray:
     """U(q, z) = 1 − exp(−4λ q z / R), the value-capture utility of §2.2."""
     return 1.0 - np.exp(-4.0 * saturation * np.asarray(q, float) * np.asarray(z, float) / R)
 
 
-def supporting_exposure(theta, c, Z):
+def supporting_exposure(theta: ArrayLike, c: ArrayLike, Z: float) -> np.ndarray:
     """z*(θ; c) = argmin_{0≤z≤Z} θz − U(z) in closed form (eq. 9), elementwise.
 
     0 if c = 0 or θ ≥ c;  Z if θ ≤ c·e^(−cZ);  else (1/c)·log(c/θ).
@@ -36,7 +44,7 @@ def supporting_exposure(theta, c, Z):
     return z
 
 
-def even_quota(budget, rounds, k):
+def even_quota(budget: int, rounds: int, k: int) -> int:
     """Units for round k (0-based) when `budget` is spread as evenly as integers allow over `rounds`."""
     return (k + 1) * budget // rounds - k * budget // rounds
 
@@ -58,38 +66,39 @@ class CEROScheduler(_BudgetedPacer):
     capacity_headroom = 33 / 32  # default C over the mean per-round spend B/K (132 vs 128 units at paper scale)
 
     @classmethod
-    def from_config(cls, args, context):
+    def from_config(cls, args: Any, context: RunContext) -> Pacer:
         return cls(context.num_prompts, rounds=context.num_rounds, budget=context.budget // args.unit_size,
-                   round_capacity=cls.capacity(args, context.num_rounds, context.budget), max_units=args.max_units,
+                   round_capacity=cls.capacity_for(args, context.num_rounds, context.budget), max_units=args.max_units,
                    saturation=args.saturation, forgetting=args.forgetting, prior=(args.prior_alpha, args.prior_beta),
                    init_price=args.init_price, step_size=args.step_size, seed=context.seed, unit_size=args.unit_size,
                    catch_up=args.catch_up)
 
     @classmethod
-    def capacity(cls, args, num_rounds, budget):
+    def capacity_for(cls, args: Any, num_rounds: int, budget: int) -> int:
         """Round capacity C in units: `round_capacity`, else the mean per-round spend plus `capacity_headroom`."""
         if args.round_capacity is not None:
             return int(args.round_capacity)
         return max(args.max_units, math.ceil(cls.capacity_headroom * (budget // args.unit_size) / num_rounds))
 
     @classmethod
-    def check_config(cls, args):
+    def check_config(cls, args: Any) -> None:
         if args.rollout_budget is not None and args.rollout_budget % args.unit_size:
             raise ValueError(f"`rollout_budget` ({args.rollout_budget}) must be a whole number of CERO units; use a "
                              f"multiple of `unit_size` ({args.unit_size}).")
 
     @classmethod
-    def budget_for(cls, args, num_rounds):
+    def budget_for(cls, args: Any, num_rounds: int) -> int:
         budget = super().budget_for(args, num_rounds)
         return budget - budget % args.unit_size
 
     @classmethod
-    def max_round_responses(cls, args, num_rounds, filler_cls):
-        return cls.capacity(args, num_rounds, args.budget_for(num_rounds)) * args.unit_size
+    def max_round_responses(cls, args: Any, num_rounds: int, filler_cls: type[Filler]) -> int:
+        return cls.capacity_for(args, num_rounds, args.budget_for(num_rounds)) * args.unit_size
 
-    def __init__(self, num_prompts, rounds, budget, round_capacity, max_units=2, saturation=1.0,
-                 forgetting=1.0, prior=(1.0, 1.0), init_price=0.5, step_size=None, seed=0, unit_size=4,
-                 catch_up=True):
+    def __init__(self, num_prompts: int, rounds: int, budget: int, round_capacity: int, max_units: int = 2,
+                 saturation: float = 1.0, forgetting: float = 1.0, prior: Sequence[float] = (1.0, 1.0),
+                 init_price: float = 0.5, step_size: float | None = None, seed: int = 0, unit_size: int = 4,
+                 catch_up: bool = True) -> None:
         budget = check_int("budget", budget, 1)
         super().__init__(num_prompts, unit_size, budget * check_int("unit_size", unit_size, 1))
         self.rounds = check_int("rounds", rounds, 1)
@@ -124,15 +133,15 @@ class CEROScheduler(_BudgetedPacer):
         self.allocation_log = []
 
     # -- the stage hooks that the ablations override ------------------------------------------
-    def scores(self):
+    def scores(self) -> np.ndarray:
         """Normalised margins d_i = ϑ_i − ν (admission needs d_i > 0)."""
         return self.vartheta - self.nu
 
-    def round_capacity(self):
+    def round_capacity(self) -> int:
         """Units the virtual proposal may use this round (C for CERO)."""
         return self.capacity
 
-    def update_duals(self, z_star):
+    def update_duals(self, z_star: np.ndarray) -> None:
         """Projected OGD steps of eq. 10 on ϑ and ν, both with the virtual proposal Ñ."""
         g = self.step_size
         self.vartheta = np.clip(self.vartheta - g * (self.virtual - z_star / self.rounds) / self.max_units, 0, 1)
@@ -155,13 +164,13 @@ class CEROScheduler(_BudgetedPacer):
         return self._perm[cand]
 
     @property
-    def ranked_prompts(self):
+    def ranked_prompts(self) -> np.ndarray:
         """All positive-score prompts in decreasing order (then catch-up extras), computed on demand."""
         if self._ranked is None:
             self._ranked = self._top(self.scores(), self.num_prompts)
         return self._ranked
 
-    def propose(self):
+    def propose(self) -> np.ndarray:
         """Virtual proposal Ñ (eq. 8), executed in order up to the remaining budget (Alg. 1, l. 5–6)."""
         cap = self.round_capacity()
         scores = self.scores()
@@ -191,10 +200,12 @@ class CEROScheduler(_BudgetedPacer):
         add = np.clip(extra_total - (np.cumsum(room) - room), 0, room)
         executed = np.concatenate([executed, np.zeros(rest.size, np.int64)]) + add
         keep = executed > 0
-        self._ranked = np.concatenate([self.ranked_prompts, full_order[keep & ~np.isin(full_order, self.ranked_prompts)]])
+        self._ranked = np.concatenate([self.ranked_prompts,
+                                       full_order[keep & ~np.isin(full_order, self.ranked_prompts)]])
         return full_order[keep], executed[keep]
 
-    def update(self, successes, failures, responses=None, prepaid=None):
+    def update(self, successes: ArrayLike, failures: ArrayLike, responses: ArrayLike | None = None,
+               prepaid: ArrayLike | None = None) -> None:
         """Eq. 5 (all prompts), eq. 6, eq. 9 at θ = c̄ϑ, then eq. 10; budget falls by what was spent.
 
         Under delayed feedback (stream mode) the round's update sees exactly: the outcomes of the rollouts
@@ -213,19 +224,19 @@ class CEROScheduler(_BudgetedPacer):
         self._ranked = None
 
     @property
-    def finished(self):
+    def finished(self) -> bool:
         return self.remaining_budget <= 0 or self.round >= self.rounds
 
-    def pacing_gap(self):
+    def pacing_gap(self) -> float:
         """Cumulative spend minus uniform spending (B̄ per round) so far, in units."""
         return (self.budget_responses - self.remaining_responses) / self.unit_size - self.B_bar * self.round
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return {**self._base_state(), "beta": self.beta.state_dict(), "vartheta": self.vartheta.tolist(),
                 "nu": self.nu, "exposure": self.exposure.tolist(), "virtual": self.virtual.tolist(),
                 "seed": self.seed, "allocation_log": self.allocation_log}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         if len(state["vartheta"]) != self.num_prompts:
             raise ValueError(f"allocator state is for {len(state['vartheta'])} prompts, this pool has "
                              f"{self.num_prompts}; resume with the same dataset.")
@@ -245,14 +256,14 @@ class CEROScheduler(_BudgetedPacer):
 class CEROFixed(CEROScheduler):
     """Ablation `cero_fixed`: price ν fixed at 0 and a fixed per-round quota (B spread evenly)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["init_price"] = 0.0
         super().__init__(*args, **kwargs)
 
-    def round_capacity(self):
+    def round_capacity(self) -> int:
         return min(self.capacity, even_quota(self.budget, self.rounds, self.round))
 
-    def update_duals(self, z_star):
+    def update_duals(self, z_star: np.ndarray) -> None:
         nu = self.nu
         super().update_duals(z_star)
         self.nu = nu
@@ -263,7 +274,7 @@ class CEROPreset(CEROFixed):
     """Ablation `cero_preset`: a predetermined front-loaded schedule — C units per round for the first
     half, the rest of the budget spread evenly over the second half (528 / 496 responses at paper scale)."""
 
-    def round_capacity(self):
+    def round_capacity(self) -> int:
         first = self.rounds // 2 + self.rounds % 2
         head = min(self.capacity, self.budget // first)
         if self.round < first:
@@ -276,7 +287,7 @@ class CEROGreedy(CEROFixed):
     """Ablation `cero_greedy`: rank by the marginal utility of one more group,
     U(q̂, z + N_max) − U(q̂, z), with the fixed quota of `cero_fixed`."""
 
-    def scores(self):
+    def scores(self) -> np.ndarray:
         q = self.beta.proxy()
         return (utility(q, self.exposure + self.max_units, self.R, self.saturation)
                 - utility(q, self.exposure, self.R, self.saturation))
@@ -291,19 +302,20 @@ class RandomMatched(_BudgetedPacer):
     replays = "cero"  # the pacing whose `allocation_log` it replays (benchmarks run that one first)
 
     @classmethod
-    def from_config(cls, args, context):
+    def from_config(cls, args: Any, context: RunContext) -> Pacer:
         reference = context.reference
         if reference is None:
             reference = load_reference(args.random_matched_reference)
         return cls(context.num_prompts, reference=reference, unit_size=args.unit_size, seed=context.seed)
 
     @classmethod
-    def check_config(cls, args):
+    def check_config(cls, args: Any) -> None:
         if not args.random_matched_reference:
             raise ValueError("pacing='random_matched' replays a CERO run's allocation sizes: set "
                              "`random_matched_reference` to that run's allocation_state.json.")
 
-    def __init__(self, num_prompts, reference, unit_size=4, seed=0):
+    def __init__(self, num_prompts: int, reference: Sequence[Sequence[Sequence[int]]], unit_size: int = 4,
+                 seed: int = 0) -> None:
         total = sum(int(np.sum(u)) for _, u in reference)
         super().__init__(num_prompts, unit_size, total * unit_size)
         ids = [np.asarray(i, np.int64) for i, _ in reference]
@@ -315,11 +327,11 @@ class RandomMatched(_BudgetedPacer):
         self._perm = np.random.default_rng(self.seed).permutation(self.num_prompts)
 
     @property
-    def ranked_prompts(self):
+    def ranked_prompts(self) -> np.ndarray:
         ids = self.reference[min(self.round, self.rounds - 1)][0]
         return self._perm[np.asarray(ids, np.int64)]
 
-    def propose(self):
+    def propose(self) -> np.ndarray:
         units = np.zeros(self.num_prompts, np.int64)
         if self.round < self.rounds:
             ids, u = self.reference[self.round]
@@ -329,25 +341,26 @@ class RandomMatched(_BudgetedPacer):
         self.last_units = units
         return units
 
-    def update(self, successes, failures, responses=None, prepaid=None):
+    def update(self, successes: ArrayLike, failures: ArrayLike, responses: ArrayLike | None = None,
+               prepaid: ArrayLike | None = None) -> None:
         self._consume(successes, failures, self.last_units * self.unit_size if responses is None else responses,
                       prepaid)
 
     @property
-    def finished(self):
+    def finished(self) -> bool:
         return self.remaining_budget <= 0 or self.round >= self.rounds
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return {**self._base_state(), "seed": self.seed}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         """Restores the permutation too: the saved seed, not the constructor's, fixes which prompts replay."""
         self._load_base_state(state)
         self.seed = int(state["seed"])
         self._perm = np.random.default_rng(self.seed).permutation(self.num_prompts)
 
 
-def load_reference(path):
+def load_reference(path: str) -> list:
     """A CERO allocation log from an allocation_state.json, a pacer state or a bare log."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
@@ -360,7 +373,7 @@ def load_reference(path):
     return data
 
 
-def oracle_exposure(q, budget, max_exposure, R, saturation=1.0):
+def oracle_exposure(q: ArrayLike, budget: int, max_exposure: int, R: float, saturation: float = 1.0) -> np.ndarray:
     """Full-information oracle (Appendix C.2): greedy max-heap over Δ_i(ℓ) = (1 − e^(−c_i)) e^(−c_i(ℓ−1)),
     c_i = 4λq_i/R; returns the optimal integer terminal exposure (units per prompt)."""
     c = 4.0 * saturation * np.asarray(q, float) / R

@@ -31,7 +31,11 @@ what runs past that: the stream's last round (nothing after it would carry them)
 idles while the trainer trains (colocate), where closing early would overlap nothing.
 """
 
+from __future__ import annotations
+
 from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +47,7 @@ class EventRound(Round):
     (the (pid, n) to start now) and `_on_rollout(pid, observed)` (observed: 0/1, or None for a rollout that
     ended without a reward: pruned, unscored)."""
 
-    def __init__(self, budget, carry=None, wait_for_groups=False):
+    def __init__(self, budget: int, carry: dict[int, dict] | None = None, wait_for_groups: bool = False) -> None:
         super().__init__(budget)
         self.aborted = {}
         self.live = Counter()  # prompt id -> rollouts in flight
@@ -73,7 +77,7 @@ class EventRound(Round):
         """{prompt id: JSON-able state} of the groups neither committed nor dropped (subclasses)."""
         return {}
 
-    def hand_over(self, expire=()):
+    def hand_over(self, expire: Iterable[int] = ()) -> dict[int, dict]:
         """At the close of a carrying round: the open groups that go on into the next round, as {prompt id:
         state} (their rollouts in flight move with them). Groups in `expire` are dropped instead (their
         in-flight rollouts join `cancelled`). Rows held in `after_close` of dropped or decided prompts are
@@ -101,14 +105,14 @@ class EventRound(Round):
         return carry
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self._closed
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> int:
         return sum(self.live.values())
 
-    def submissions(self, room):
+    def submissions(self, room: int) -> list[tuple[int, int]]:
         """The rollouts to start now, as (prompt id, n), at most `room` in all; counted as spent."""
         out = [] if self._closed else [(int(p), int(n)) for p, n in self._next(int(room)) if n > 0]
         for pid, n in out:
@@ -129,7 +133,7 @@ class EventRound(Round):
         """Nothing more will be started this round (stream mode closes it then)."""
         return self.spent >= self.budget
 
-    def observe_rollout(self, pid, success, pruned=False, aborted=False):
+    def observe_rollout(self, pid: int, success: float, pruned: bool = False, aborted: bool = False) -> None:
         """One ended rollout of `pid`: `success` 1/0 (NaN: unscored), or pruned / aborted (no reward)."""
         pid = int(pid)
         if self.live[pid] <= 0:
@@ -153,17 +157,18 @@ class EventRound(Round):
         if not self._closed and not aborted:
             self._on_rollout(pid, observed)
 
-    def observe_rollouts(self, rows):
+    def observe_rollouts(self, rows: Sequence[dict]) -> list[int]:
         """`observe_rollout` for rows (dicts with pid, success, pruned, aborted); returns the prompts to abort.
         A carrying round keeps the rows that follow its close in `after_close` (see `hand_over`)."""
         for i, r in enumerate(rows):
             if self._closed and self.carries:
                 self.after_close.extend(rows[i:])
                 break
-            self.observe_rollout(r["pid"], r["success"], pruned=r.get("pruned", False), aborted=r.get("aborted", False))
+            self.observe_rollout(r["pid"], r["success"], pruned=r.get("pruned", False),
+                                 aborted=r.get("aborted", False))
         return sorted(self.cancelled)
 
-    def mixed(self, pid):
+    def mixed(self, pid: int) -> bool:
         """Whether `pid` has both a success and a failure observed this round (its group has signal)."""
         return self.successes.get(int(pid), 0) >= 1 and self.failures.get(int(pid), 0) >= 1
 
@@ -181,7 +186,7 @@ class EventRound(Round):
     def _closed_hook(self):
         pass
 
-    def outcomes(self, num_prompts):
+    def outcomes(self, num_prompts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-prompt (successes, failures, responses started this round): ended rollouts' outcomes, and the
         spend of every rollout this round started (in flight ones too: reserved against the budget)."""
         s, f, _ = super().outcomes(num_prompts)
@@ -190,14 +195,14 @@ class EventRound(Round):
             spent[pid] += v
         return s, f, spent
 
-    def prepaid_counts(self, num_prompts):
+    def prepaid_counts(self, num_prompts: int) -> np.ndarray:
         """Per-prompt rollouts this round adopted from an earlier one (`Pacer.update`'s `prepaid`)."""
         out = np.zeros(num_prompts, np.int64)
         for pid, v in self.prepaid.items():
             out[pid] += v
         return out
 
-    def stats(self):
+    def stats(self) -> dict[str, float]:
         return {**super().stats(), "aborted": int(sum(self.aborted.values())),
                 "carried_in": int(sum(self.prepaid.values())), "expired": len(self.expired)}
 
@@ -206,22 +211,22 @@ class BatchedEventRound:
     """A batched `Round` driven as events: each of its requests is submitted (within the window) and observed
     once all its rollouts have ended, in request order; so its decisions are the batched round's."""
 
-    def __init__(self, rnd):
+    def __init__(self, rnd: Round) -> None:
         self.round, self.cancelled, self.live = rnd, set(), Counter()
         self._queue, self._request, self._results = [], None, {}
 
-    def __getattr__(self, name):  # groups, effective, spent, budget, abandoned, ...: the round's
+    def __getattr__(self, name: str) -> Any:  # groups, effective, spent, budget, abandoned, ...: the round's
         return getattr(self.__dict__["round"], name)
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self.round.done and not self._queue and not self.in_flight
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> int:
         return sum(self.live.values())
 
-    def submissions(self, room):
+    def submissions(self, room: int) -> list[tuple[int, int]]:
         if self._request is None and not self.round.done:
             ids, counts = self.round.requests()
             if len(ids):
@@ -240,7 +245,7 @@ class BatchedEventRound:
             self.live[pid] += 1
         return out
 
-    def observe_rollout(self, pid, success, pruned=False, aborted=False):
+    def observe_rollout(self, pid: int, success: float, pruned: bool = False, aborted: bool = False) -> None:
         pid = int(pid)
         if self.live[pid] <= 0 or aborted:
             raise ValueError(f"prompt {pid}: no rollout in flight to observe (a batched round never aborts).")
@@ -253,16 +258,16 @@ class BatchedEventRound:
         got = [self._results[p] for p in ids.tolist()]
         self.round.observe([[r for r, _ in g] for g in got], pruned=[[c for _, c in g] for g in got])
 
-    def observe_rollouts(self, rows):
+    def observe_rollouts(self, rows: Sequence[dict]) -> list[int]:
         for r in rows:
             self.observe_rollout(r["pid"], r["success"], pruned=r.get("pruned", False),
                                  aborted=r.get("aborted", False))
         return sorted(self.cancelled)
 
-    def outcomes(self, num_prompts):
+    def outcomes(self, num_prompts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.round.outcomes(num_prompts)
 
-    def stats(self):
+    def stats(self) -> dict[str, float]:
         return {**self.round.stats(), "aborted": 0}
 
 

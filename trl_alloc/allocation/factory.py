@@ -5,15 +5,20 @@ Torch-free: `args` is read by attribute only, so simulators and scripts can driv
 with any object that carries the config's fields.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import math
+from typing import Any
 
-from .base import RunContext
+import numpy as np
+
+from .base import Filler, Pacer, RunContext
 from .pipeline import round_arguments
 from .registry import method_class
 
 
-def resolve_num_rounds(args, num_prompts):
+def resolve_num_rounds(args: Any, num_prompts: int) -> int:
     """K: `num_rounds`, else the rounds `max_steps` optimizer steps take, else the rounds of stock GRPO.
 
     Stock GRPO's RepeatSampler drops the last incomplete batch of prompts each epoch, so it takes
@@ -28,14 +33,14 @@ def resolve_num_rounds(args, num_prompts):
     return max(1, math.ceil(stock_steps / per_round))
 
 
-def run_context(args, num_prompts, num_rounds, pacer=None):
+def run_context(args: Any, num_prompts: int, num_rounds: int, pacer: Pacer | None = None) -> RunContext:
     """The `RunContext` of a run: its pool, horizon, budget (`args.budget_for`) and allocation seed."""
     seed = args.seed if args.allocation_seed is None else args.allocation_seed
     return RunContext(num_prompts=num_prompts, num_rounds=num_rounds, budget=args.budget_for(num_rounds), seed=seed,
                       pacer=pacer)
 
 
-def build_stages(args, num_prompts, num_rounds):
+def build_stages(args: Any, num_prompts: int, num_rounds: int) -> tuple[Pacer, Filler]:
     """(pacer, filler): the stages `args.pacing` and `args.filling` name (registry), each built from the config;
     the filler is built knowing its pacer."""
     context = run_context(args, num_prompts, num_rounds)
@@ -43,7 +48,8 @@ def build_stages(args, num_prompts, num_rounds):
     return pacer, method_class("filling", args.filling).from_config(args, dataclasses.replace(context, pacer=pacer))
 
 
-def round_kwargs(args, filler, pacer, units, carry=None, wait_for_groups=False):
+def round_kwargs(args: Any, filler: Filler, pacer: Pacer, units: np.ndarray, carry: dict[int, dict] | None = None,
+                 wait_for_groups: bool = False) -> dict:
     """Arguments of `filler.start_round` for the pacer's proposal `units` (how the stages compose:
     docs/architecture.md#one-round-through-the-code)."""
     return round_arguments(pacer, filler, units, target_groups=args.target_groups, history_decay=args.history_decay,

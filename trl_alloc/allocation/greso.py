@@ -13,11 +13,18 @@ setting) or full groups.
 Hyperparameters come from the config's `pacing_kwargs` (docs/allocation.md#greso).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ._checks import check_int
 from .baselines import UniformPacer
 from .registry import register
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 
 @register("pacing", "greso")
@@ -30,8 +37,10 @@ class GRESOPacer(UniformPacer):
     def _config_kwargs(cls, args):
         return dict(getattr(args, "pacing_kwargs", None) or {})
 
-    def __init__(self, num_prompts, prompts_per_round, group_size, budget_responses=None, rounds=None, seed=0,
-                 p_easy=0.5, p_hard=0.5, p_min=0.05, p_max=0.95, delta_p=0.01, target_zero_variance=0.25):
+    def __init__(self, num_prompts: int, prompts_per_round: int, group_size: int, budget_responses: int | None = None,
+                 rounds: int | None = None, seed: int = 0, p_easy: float = 0.5, p_hard: float = 0.5,
+                 p_min: float = 0.05, p_max: float = 0.95, delta_p: float = 0.01,
+                 target_zero_variance: float = 0.25) -> None:
         super().__init__(num_prompts, prompts_per_round, group_size, budget_responses, rounds, seed)
         for name, value in (("p_min", p_min), ("p_max", p_max), ("delta_p", delta_p),
                             ("target_zero_variance", target_zero_variance)):
@@ -50,7 +59,7 @@ class GRESOPacer(UniformPacer):
         self.skipped = 0  # prompts passed over so far
         self._stream = None
 
-    def keep_probability(self):
+    def keep_probability(self) -> np.ndarray:
         """Per prompt, the chance its next visit is not skipped: p^z (eq. 3: skip with 1 − p^z)."""
         p = np.where(self.all_correct, self.p_easy, self.p_hard)
         return p ** self.zero_streak
@@ -67,14 +76,15 @@ class GRESOPacer(UniformPacer):
         return order, draws < self.keep_probability()[order]
 
     @property
-    def ranked_prompts(self):
+    def ranked_prompts(self) -> np.ndarray:
         """The kept prompts in epoch order (fixed for the round once drawn)."""
         if self._stream is None:
             order, kept = self._epoch_stream()
             self._stream = order[kept]
         return self._stream
 
-    def update(self, successes, failures, responses=None, prepaid=None):
+    def update(self, successes: ArrayLike, failures: ArrayLike, responses: ArrayLike | None = None,
+               prepaid: ArrayLike | None = None) -> None:
         s, f, spent = self._consume(successes, failures, responses, prepaid)
         order, kept = self._epoch_stream()
         epoch = self.epoch
@@ -96,11 +106,11 @@ class GRESOPacer(UniformPacer):
         """Skip more (p down by Δp) while the share is at or above its target, less otherwise, within bounds."""
         return float(np.clip(p - self.delta_p if above_target else p + self.delta_p, self.p_min, self.p_max))
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return {**super().state_dict(), "p_easy": self.p_easy, "p_hard": self.p_hard, "skipped": self.skipped,
                 "zero_streak": self.zero_streak.tolist(), "all_correct": self.all_correct.tolist()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.p_easy, self.p_hard = float(state["p_easy"]), float(state["p_hard"])
         self.skipped = check_int("skipped", state["skipped"], 0)

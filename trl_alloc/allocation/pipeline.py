@@ -6,11 +6,19 @@ oversample up to its own cap (`Filler.round_arguments`). SARA's prior for a prom
 state, discounted.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+if TYPE_CHECKING:
+    from .base import Filler, Pacer
 
-def round_arguments(pacer, filler, units, target_groups=None, history_decay=None, carry=None,
-                    wait_for_groups=False) -> dict:
+
+def round_arguments(pacer: Pacer, filler: Filler, units: np.ndarray, target_groups: int | None = None,
+                    history_decay: float | None = None, carry: dict[int, dict] | None = None,
+                    wait_for_groups: bool = False) -> dict:
     """Keyword arguments of `filler.start_round` for the pacer's proposal `units`. With `carry` (stream mode: the
     open groups of the last round, see `event_rounds`), also `start_event_round`'s: the round's budget is at least
     what those groups may still start (`need`), within what the pacer has left, so a carried group can finish even

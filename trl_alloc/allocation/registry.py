@@ -11,8 +11,11 @@ Third-party methods need no edit of this package: a name with a dot (`my_package
 its rollout functions) imports that module and uses that class (docs/architecture.md#adding-a-method).
 """
 
+from __future__ import annotations
+
 import importlib
 import pkgutil
+from collections.abc import Callable
 
 STAGES = ("pacing", "filling", "pruning")
 _METHODS = {stage: {} for stage in STAGES}
@@ -20,7 +23,7 @@ _METHODS["pruning"]["none"] = None  # every rollout runs to the end; no pruner i
 _loaded = False
 
 
-def register(stage: str, name: str):
+def register(stage: str, name: str) -> Callable[[type], type]:
     """Class decorator: `name` (a config value of `stage`) builds this class."""
     if stage not in _METHODS:
         raise ValueError(f"unknown stage {stage!r}; choose one of {STAGES}.")
@@ -35,13 +38,13 @@ def register(stage: str, name: str):
     return add
 
 
-def method_names(stage: str) -> tuple:
+def method_names(stage: str) -> tuple[str, ...]:
     """The registered names of `stage`, in registration order."""
     _load()
     return tuple(_METHODS[stage])
 
 
-def method_class(stage: str, name: str):
+def method_class(stage: str, name: str) -> type | None:
     """The class registered as `name` for `stage` (a dotted path is imported first); an unknown name is an error that
     lists the registered ones."""
     _load()
@@ -52,8 +55,9 @@ def method_class(stage: str, name: str):
     if name not in _METHODS[stage] and "." in name:
         _import_method(stage, name)
     if name not in _METHODS[stage]:
-        raise ValueError(f"unknown {stage} {name!r}; choose one of {', '.join(_METHODS[stage])}, or name your own "
-                         "class by its import path (my_module.MyClass, docs/architecture.md#adding-a-method).")
+        own = (", or name your own class by its import path (my_module.MyClass, docs/architecture.md#adding-a-method)"
+               if stage != "pruning" else "")
+        raise ValueError(f"unknown `{stage}={name!r}`; choose one of {', '.join(_METHODS[stage])}{own}.")
     return _METHODS[stage][name]
 
 
@@ -73,7 +77,7 @@ def _import_method(stage, path):
         kind = f"a subclass of trl_alloc.allocation.{base.__name__}" if base else "a class"
         raise ValueError(f"{stage} {path!r}: {module_name!r} has no {attr!r} that is {kind}.")
     _METHODS[stage][path] = cls
-    if getattr(cls, "method_name", None) is None:
+    if "method_name" not in vars(cls):  # (not registered itself: a subclass would inherit its base's name)
         cls.method_name = path
 
 

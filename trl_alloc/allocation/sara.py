@@ -1,17 +1,26 @@
 """SARA ("Early Verdicts, Better Budgets"): fill one round by probing prompts, committing mixed groups and abandoning
 decided-saturated ones, with the freed budget going to the next prompts of the stream."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 from scipy.special import betaln
 
 from ._checks import check_int, check_open_unit, check_prior
-from .base import Filler, Round
+from .base import Filler, Pacer, Round, RunContext
 from .beta import BetaState
 from .event_rounds import EventRound
 from .registry import register
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
-def effective_probability(n, s, k, prior=(1.0, 1.0), failures=None):
+
+def effective_probability(n: ArrayLike, s: ArrayLike, k: ArrayLike, prior: tuple[ArrayLike, ArrayLike] = (1.0, 1.0),
+                          failures: ArrayLike | None = None) -> np.ndarray:
     """Posterior-predictive probability that the completed group of size k is mixed (eq. 2).
 
     1 if the prefix is mixed; otherwise 1 − 1[s=0]·B(a, b+r)/B(a, b) − 1[f=0]·B(a+r, b)/B(a, b) with
@@ -36,7 +45,9 @@ def effective_probability(n, s, k, prior=(1.0, 1.0), failures=None):
 COMMIT, ABANDON, CONTINUE = 1, -1, 0
 
 
-def decide(n, s, k, tau_low=0.45, commit_min=None, prior=(1.0, 1.0), failures=None):
+def decide(n: ArrayLike, s: ArrayLike, k: int, tau_low: float | np.ndarray = 0.45, commit_min: int | None = None,
+           prior: tuple[ArrayLike, ArrayLike] = (1.0, 1.0),
+           failures: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The rule of eq. 3: COMMIT a mixed group of size >= commit_min, ABANDON when p_eff < τ_low
     or the group is full (n = k) without being committed, else CONTINUE. Returns (decision array,
     p_eff array). `failures`: see `effective_probability`."""
@@ -61,7 +72,7 @@ class SARAFiller(Filler):
     """
 
     @classmethod
-    def from_config(cls, args, context):
+    def from_config(cls, args: Any, context: RunContext) -> Filler:
         # SARA keeps its own history only when the pacer has no Beta states to lend it (`round_arguments`).
         own_history = args.history_decay and not hasattr(context.pacer, "beta")
         return cls(group_size=args.num_generations, probe=args.probe, tau_low=args.tau_low,
@@ -71,22 +82,23 @@ class SARAFiller(Filler):
                    num_prompts=context.num_prompts if own_history else None, overcommit=args.sara_overcommit)
 
     @classmethod
-    def smallest_group(cls, args):
+    def smallest_group(cls, args: Any) -> int:
         return args.commit_min or args.num_generations
 
     @classmethod
-    def max_round_responses(cls, args, prompts):
+    def max_round_responses(cls, args: Any, prompts: int) -> int:
         return args.sara_safety_factor * (args.target_groups or prompts) * args.num_generations
 
     @property
-    def group_size(self):
+    def group_size(self) -> int:
         return self.k
 
     @property
-    def oversample(self):
+    def oversample(self) -> int:
         return self.safety_factor
 
-    def round_arguments(self, pacer, units, spend, target_groups=None, history_decay=None):
+    def round_arguments(self, pacer: Pacer, units: np.ndarray, spend: int, target_groups: int | None = None,
+                        history_decay: float | None = None) -> dict:
         """`Filler.round_arguments`, with each prompt's prior from the pacer's Beta state discounted by
         `history_decay` (CERO's posteriors, when the pacer has them)."""
         kwargs = super().round_arguments(pacer, units, spend, target_groups)
@@ -94,8 +106,9 @@ class SARAFiller(Filler):
             kwargs["prior_a"], kwargs["prior_b"] = pacer.beta.discounted(history_decay, kwargs["stream"])
         return kwargs
 
-    def __init__(self, group_size=8, probe=2, tau_low=0.45, commit_min=None, prior=(1.0, 1.0),
-                 safety_factor=6, warm_start_decay=None, num_prompts=None, overcommit=1.5):
+    def __init__(self, group_size: int = 8, probe: int = 2, tau_low: float | str = 0.45, commit_min: int | None = None,
+                 prior: Sequence[float] = (1.0, 1.0), safety_factor: int = 6, warm_start_decay: float | None = None,
+                 num_prompts: int | None = None, overcommit: float = 1.5) -> None:
         self.k = check_int("group_size", group_size, 2)
         self.probe = check_int("probe", probe, 1)
         if self.probe > self.k:
@@ -120,13 +133,17 @@ class SARAFiller(Filler):
                 raise ValueError("`warm_start_decay` needs `num_prompts` (the pool size) to keep posteriors.")
             self.history = BetaState(num_prompts, self.prior, warm_start_decay)
 
-    def start_round(self, stream, budget=None, target_groups=64, counts=None, prior_a=None, prior_b=None):
+    def start_round(self, stream: ArrayLike, budget: int | None = None, target_groups: int = 64,
+                    counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
+                    prior_b: ArrayLike | None = None) -> SARARound:
         """A round over `stream` that stops at `target_groups` committed groups, `budget` responses
         (default: the safety cap 6·B·k) or the end of the stream."""
         return SARARound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b))
 
-    def start_event_round(self, stream, budget=None, target_groups=64, counts=None, prior_a=None, prior_b=None,
-                          carry=None, wait_for_groups=False):
+    def start_event_round(self, stream: ArrayLike, budget: int | None = None, target_groups: int = 64,
+                          counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
+                          prior_b: ArrayLike | None = None, carry: dict[int, dict] | None = None,
+                          wait_for_groups: bool = False) -> SARAEventRound:
         """`start_round`'s round, fed one rollout at a time (`SARAEventRound`); `carry` and `wait_for_groups`: see
         `event_rounds`."""
         return SARAEventRound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b), carry=carry,
@@ -144,8 +161,8 @@ class SARAFiller(Filler):
             raise ValueError("`prior_a` / `prior_b` must give one value per stream prompt.")
         return stream, a, b, budget, target
 
-    def threshold(self, n):
-        """τ_low for prompts with n rollouts. With tau_low="auto" (the seed's parameter-free variant) it is
+    def threshold(self, n: ArrayLike) -> float | np.ndarray:
+        """τ_low for prompts with n rollouts. With tau_low="auto" (the paper's parameter-free variant) it is
         the break-even point (k − n)·η: abandon when p_eff is below what the k − n freed rollouts are
         expected to buy elsewhere, η being the measured effective groups per response."""
         if not self.auto_tau:
@@ -159,11 +176,11 @@ class SARAFiller(Filler):
             s, f, _ = rnd.outcomes(self.history.num_prompts)
             self.history.update(s, f)
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return {"history": None if self.history is None else self.history.state_dict(),
                 "yield": [self.yield_groups, self.yield_responses]}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         self.yield_groups, self.yield_responses = state["yield"]
         if self.history is not None and state.get("history") is not None:
             self.history.load_state_dict(state["history"])
@@ -172,9 +189,10 @@ class SARAFiller(Filler):
 class SARARound(Round):
     """One round of SARA: probe, decide (eq. 3), refill from the stream, advance by p_eff priority."""
 
-    def __init__(self, filler, stream, prior_a, prior_b, budget, target):
+    def __init__(self, filler: SARAFiller, stream: np.ndarray, prior_a: np.ndarray, prior_b: np.ndarray, budget: int,
+                 target: int) -> None:
         super().__init__(budget)
-        self.f, self.stream, self.pa, self.pb, self.target = filler, stream, prior_a, prior_b, target
+        self.filler, self.stream, self.prior_a, self.prior_b, self.target = filler, stream, prior_a, prior_b, target
         self.next = 0                               # stream position of the next fresh prompt
         self.pos = np.zeros(0, np.int64)            # active prompts, as stream positions
         self.n = np.zeros(0, np.int64)              # rollouts generated (pruned ones included)
@@ -185,7 +203,7 @@ class SARARound(Round):
         self._plan(np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self._finished
 
     def _plan(self, cont, cont_counts):
@@ -193,12 +211,12 @@ class SARARound(Round):
         left = self.budget - self.spent
         # Budget-aware admission: a fresh prompt starts only if, after reserving what the active prompts
         # may still need (k − n each), a whole group of k fits; no group is started that cannot finish.
-        reserve = int(np.sum(self.f.k - self.n[self._index(cont)])) if cont.size else 0
-        need = min(self.target - len(self.groups) - cont.size, max(left - reserve, 0) // self.f.k)
+        reserve = int(np.sum(self.filler.k - self.n[self._index(cont)])) if cont.size else 0
+        need = min(self.target - len(self.groups) - cont.size, max(left - reserve, 0) // self.filler.k)
         fresh = np.arange(self.next, min(self.next + max(need, 0), self.stream.size))
         self.next += fresh.size
         pos = np.concatenate([cont, fresh])
-        want = np.concatenate([cont_counts, np.full(fresh.size, self.f.probe)])
+        want = np.concatenate([cont_counts, np.full(fresh.size, self.filler.probe)])
         give = np.clip(left - (np.cumsum(want) - want), 0, want)
         keep = give > 0
         fresh = fresh[keep[cont.size:]]             # fresh prompts the budget could not reach stay unread
@@ -214,15 +232,15 @@ class SARARound(Round):
 
     def _close(self):
         self._finished = True
-        self.f._round_done(self)
+        self.filler._round_done(self)
 
     def _advance(self, ids, counts, successes, rewards):
         idx = self._index(self._requested_pos)
         self.n[idx] += counts
         self.s[idx] += successes
         self.fail[idx] += np.asarray([len(r) for r in rewards], np.int64) - successes
-        verdict, p = decide(self.n, self.s, self.f.k, self.f.threshold(self.n), self.f.commit_min,
-                            (self.pa[self.pos], self.pb[self.pos]), self.fail)
+        verdict, p = decide(self.n, self.s, self.filler.k, self.filler.threshold(self.n), self.filler.commit_min,
+                            (self.prior_a[self.pos], self.prior_b[self.pos]), self.fail)
         for j in np.flatnonzero(verdict == COMMIT):
             if len(self.groups) < self.target:
                 self.groups.append(int(self.stream[self.pos[j]]))
@@ -238,19 +256,14 @@ class SARARound(Round):
             return self._close()
         mixed = (self.s >= 1) & (self.fail >= 1)
         order = np.lexsort((-p, ~mixed))            # decided-mixed first, then by p_eff (a yield index)
-        more = np.where(mixed, self.f.commit_min - self.n, 1)[order]
+        more = np.where(mixed, self.filler.commit_min - self.n, 1)[order]
         self._plan(self.pos[order], more)
 
     def _index(self, positions):
         lookup = {int(p): i for i, p in enumerate(self.pos)}
         return np.asarray([lookup[int(p)] for p in positions], np.int64)
 
-    @property
-    def unfinished(self):
-        """Prompts still undecided when the round stopped (budget or target reached)."""
-        return self.stream[self.pos].tolist()
-
-    def stats(self):
+    def stats(self) -> dict[str, float]:
         return {**super().stats(), "unfinished": len(self.pos),
                 "expected_lost_groups": float(np.sum(self.abandon_p)),
                 "mean_rollouts_to_decide": float(np.mean(self.decided_at)) if self.decided_at else 0.0}
@@ -266,13 +279,14 @@ class SARAEventRound(EventRound):
     from the active prompts (the sum of their p_eff) stay below `overcommit` × target. (The batched round
     reserves a whole k per active prompt; as events that would cap what runs at once at budget / k prompts.)
     Over-admission keeps the engine full; what still runs when the target is reached is aborted (spent), and
-    a mixed prompt the budget cannot complete stays unfinished. Not in the seed: the admission rule is ours;
+    a mixed prompt the budget cannot complete stays unfinished. Not in the paper: the admission rule is ours;
     measured on the engine model in docs/benchmarks.md. With `carry` (stream mode), the groups an earlier round
     left open come first (with their own priors, (n, s, f) so far and rollouts in flight), so a group may
     straddle rounds; admission then needs only budget left (no reserve for the active prompts' rest: a later
     round pays for what goes on past this one), and the round closes once its budget is all started."""
 
-    def __init__(self, filler, stream, prior_a, prior_b, budget, target, carry=None, wait_for_groups=False):
+    def __init__(self, filler: SARAFiller, stream: np.ndarray, prior_a: np.ndarray, prior_b: np.ndarray, budget: int,
+                 target: int, carry: dict[int, dict] | None = None, wait_for_groups: bool = False) -> None:
         super().__init__(budget, carry, wait_for_groups)
         carried = np.asarray([int(p) for p in carry or {}], np.int64)
         if carried.size:  # resumed first; never a second group of one prompt
@@ -280,7 +294,7 @@ class SARAEventRound(EventRound):
             stream, prior_a, prior_b = (np.concatenate([np.asarray([carry[p][key] for p in carry], dtype), x[fresh]])
                                         for key, dtype, x in (("pid", np.int64, stream), ("a", float, prior_a),
                                                               ("b", float, prior_b)))
-        self.f, self.stream, self.pa, self.pb, self.target = filler, stream, prior_a, prior_b, target
+        self.filler, self.stream, self.prior_a, self.prior_b, self.target = filler, stream, prior_a, prior_b, target
         self.next = int(carried.size)
         self.active = {}   # prompt id -> [stream position, started, ended, successes, failures]
         self.want = {}     # prompt id -> rollouts to start as soon as the window has room
@@ -293,9 +307,9 @@ class SARAEventRound(EventRound):
         self._continue(pid)
 
     def _open_groups(self):
-        return {pid: {"pid": pid, "started": started, "ended": n, "s": s, "f": fail, "a": float(self.pa[pos]),
-                      "b": float(self.pb[pos]), "need": self.f.k - started} for pid, (pos, started, n, s, fail) in
-                ((int(p), [int(x) for x in v]) for p, v in self.active.items())}
+        return {pid: {"pid": pid, "started": started, "ended": n, "s": s, "f": fail, "a": float(self.prior_a[pos]),
+                      "b": float(self.prior_b[pos]), "need": self.filler.k - started}
+                for pid, (pos, started, n, s, fail) in ((int(p), [int(x) for x in v]) for p, v in self.active.items())}
 
     def _next(self, room):
         out, left = [], self.budget - self.spent
@@ -308,19 +322,19 @@ class SARAEventRound(EventRound):
                 self.want[pid] -= n
             if not self.want[pid]:
                 del self.want[pid]
-        k = self.f.k
+        k = self.filler.k
         expected, need = self._expected()
-        cap = self.target * self.f.overcommit
+        cap = self.target * self.filler.overcommit
         while room > 0 and self.next < self.stream.size and len(self.groups) + expected < cap:
             pos = self.next
-            fresh = float(effective_probability(0, 0, k, (self.pa[pos], self.pb[pos])))
+            fresh = float(effective_probability(0, 0, k, (self.prior_a[pos], self.prior_b[pos])))
             if left <= 0 or (need + k * fresh > left and not self.carries):  # what the active prompts are
                 break  # expected to need, and its group (stream mode: a later round pays for what goes on past it)
-            pid, n = int(self.stream[pos]), min(self.f.probe, room, left)
+            pid, n = int(self.stream[pos]), min(self.filler.probe, room, left)
             self.next += 1
             self.active[pid] = [pos, n, 0, 0, 0]
-            if self.f.probe > n:
-                self.want[pid] = self.f.probe - n
+            if self.filler.probe > n:
+                self.want[pid] = self.filler.probe - n
             out.append((pid, n))
             room, left = room - n, left - n
             expected, need = expected + fresh, need + (k - n) * fresh
@@ -332,8 +346,8 @@ class SARAEventRound(EventRound):
         if not self.active:
             return 0.0, 0.0
         pos, started, n, s, fail = np.asarray(list(self.active.values())).T
-        p = effective_probability(n, s, self.f.k, (self.pa[pos], self.pb[pos]), fail)
-        return float(p.sum()), float(np.sum(p * (self.f.k - started)))
+        p = effective_probability(n, s, self.filler.k, (self.prior_a[pos], self.prior_b[pos]), fail)
+        return float(p.sum()), float(np.sum(p * (self.filler.k - started)))
 
     def _on_rollout(self, pid, observed):
         a = self.active.get(pid)
@@ -343,8 +357,8 @@ class SARAEventRound(EventRound):
         if observed is not None:
             a[3 if observed else 4] += 1
         pos, started, n, s, fail = a
-        verdict, p = decide([n], [s], self.f.k, self.f.threshold(np.asarray([n])), self.f.commit_min,
-                            (self.pa[[pos]], self.pb[[pos]]), [fail])
+        verdict, p = decide([n], [s], self.filler.k, self.filler.threshold(np.asarray([n])), self.filler.commit_min,
+                            (self.prior_a[[pos]], self.prior_b[[pos]]), [fail])
         verdict, p = int(verdict[0]), float(p[0])
         if verdict == COMMIT:
             self._decided(pid, n)
@@ -366,10 +380,10 @@ class SARAEventRound(EventRound):
         n0 rollouts running."""
         _, started, _, s, fail = self.active[pid]
         if s >= 1 and fail >= 1:
-            more = self.f.commit_min - started - self.want.get(pid, 0)
+            more = self.filler.commit_min - started - self.want.get(pid, 0)
             if more > 0:
                 self.want[pid] = self.want.get(pid, 0) + more
-        elif self.live[pid] + self.want.get(pid, 0) < self.f.probe and started < self.f.k:
+        elif self.live[pid] + self.want.get(pid, 0) < self.filler.probe and started < self.filler.k:
             self.want[pid] = self.want.get(pid, 0) + 1
 
     def _decided(self, pid, n):
@@ -379,13 +393,9 @@ class SARAEventRound(EventRound):
 
     def _closed_hook(self):
         self.want.clear()
-        self.f._round_done(self)
+        self.filler._round_done(self)
 
-    @property
-    def unfinished(self):
-        return sorted(self.active)
-
-    def stats(self):
+    def stats(self) -> dict[str, float]:
         return {**super().stats(), "unfinished": len(self.active),
                 "expected_lost_groups": float(np.sum(self.abandon_p)),
                 "mean_rollouts_to_decide": float(np.mean(self.decided_at)) if self.decided_at else 0.0}

@@ -3,13 +3,17 @@ model, on a synthetic pool whose success rates drift as a policy would learn (th
 docs/benchmarks.md#planning-at-paper-scale-scriptsplanpy-no-model). numpy only.
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
-from .base import RunContext
+from .base import Filler, Pacer, Round, RunContext
 from .pipeline import round_arguments
 from .registry import method_class
 
@@ -19,30 +23,30 @@ class DriftingPool:
     logit_i(0) + drift · t/K + gain · (responses trained on prompt i)/k (docs/benchmarks.md, planning at paper
     scale)."""
 
-    def __init__(self, num_prompts, rounds, mean_logit=-1.0, spread=2.5, drift=1.5, gain=0.05,
-                 group_size=8, seed=0):
+    def __init__(self, num_prompts: int, rounds: int, mean_logit: float = -1.0, spread: float = 2.5,
+                 drift: float = 1.5, gain: float = 0.05, group_size: int = 8, seed: int = 0) -> None:
         self.rng = np.random.default_rng(seed)
         self.logit0 = self.rng.normal(mean_logit, spread, num_prompts)
         self.rounds, self.drift, self.gain, self.k = rounds, drift, gain, group_size
         self.trained = np.zeros(num_prompts)
         self.t = 0
 
-    def success_rate(self):
+    def success_rate(self) -> np.ndarray:
         z = self.logit0 + self.drift * self.t / self.rounds + self.gain * self.trained / self.k
         return 1.0 / (1.0 + np.exp(-z))
 
-    def sample(self, ids, counts):
+    def sample(self, ids: Iterable[int], counts: Iterable[int]) -> list[np.ndarray]:
         p = self.success_rate()
         return [(self.rng.random(n) < p[i]).astype(float) for i, n in zip(ids, counts)]
 
-    def step(self, rnd):
+    def step(self, rnd: Round) -> None:
         """Advance one round: the groups that reached the loss are 'trained on'."""
         for pid in rnd.groups:
             self.trained[pid] += rnd.successes.get(pid, 0) + rnd.failures.get(pid, 0)
         self.t += 1
 
 
-def predicted_success_bins(predicted, admitted, bins=5):
+def predicted_success_bins(predicted: np.ndarray, admitted: np.ndarray, bins: int = 5) -> np.ndarray:
     """Selection lift by predicted-success bin: the admitted prompts' share in each bin of the
     pre-decision predicted success rate, over the pool's share in that bin (1 = no preference)."""
     edges = np.linspace(0, 1, bins + 1)
@@ -51,7 +55,7 @@ def predicted_success_bins(predicted, admitted, bins=5):
     return np.divide(chosen, pool, out=np.full(bins, np.nan), where=pool > 0)
 
 
-def plan_settings(method, args):
+def plan_settings(method: str, args: Any) -> SimpleNamespace:
     """The config fields a method reads (`from_config`), at plan.py's settings `args`, for `method` written
     'pacing+filling' ('cero' alone: full groups). The rest are the config's defaults; a plain pacer admits
     budget / (K·k) prompts per round, so every method spends the same budget over K rounds."""
@@ -68,7 +72,7 @@ def plan_settings(method, args):
         filling_kwargs=getattr(args, "filling_kwargs", None))
 
 
-def build_method(method, args, reference=None):
+def build_method(method: str, args: Any, reference: list | None = None) -> tuple[Pacer, Filler, SimpleNamespace]:
     """(pacer, filler, settings) for a method name like 'cero', 'cero+sara', 'uniform+dynamic_sampling', each stage
     built by its registered class (`from_config`) from `plan_settings`."""
     settings = plan_settings(method, args)
@@ -79,7 +83,7 @@ def build_method(method, args, reference=None):
     return pacer, filler, settings
 
 
-def simulate(method, args, reference=None):
+def simulate(method: str, args: Any, reference: list | None = None) -> tuple[dict, dict[str, list], list | None]:
     """Run `method` (e.g. 'cero+sara') over `args.rounds` rounds of a `DriftingPool`; returns (summary,
     per-round record, the pacer's allocation log or None). `args`: plan.py's settings."""
     pacer, filler, settings = build_method(method, args, reference)

@@ -19,8 +19,8 @@ SHAPES = {  # architecture fields of the public configs (no weights): random ini
                          num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, max_position_embeddings=2048,
                          tie_word_embeddings=True, rope_theta=100000.0),
     "qwen2.5-0.5b": dict(arch="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,
-                         tie_word_embeddings=True, rope_theta=1000000.0),
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=1000000.0),
     "tiny": dict(arch="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, vocab_size=512, max_position_embeddings=512, tie_word_embeddings=True),
 }

@@ -11,20 +11,6 @@ def cpu_run_kwargs(output_dir, batch, num_generations, max_completion_length, se
                 disable_tqdm=True, **extra)
 
 
-def count_generated(trainer):
-    """Count every response a trainer really generates (stock TRL and trl-alloc both go through
-    `_generate_single_turn`); returns a dict whose "n" grows as training runs."""
-    inner, box = trainer._generate_single_turn, {"n": 0}
-
-    def generate(prompt_ids, *args, **kwargs):
-        out = inner(prompt_ids, *args, **kwargs)
-        box["n"] += len(out[0])
-        return out
-
-    trainer._generate_single_turn = generate
-    return box
-
-
 def parse_choices(parser, text, choices, what):
     """A comma-separated subset of `choices`, or a parser error naming the unknown ones."""
     picked = [c.strip() for c in text.split(",") if c.strip()]
@@ -79,7 +65,7 @@ class RoundRecorder:
     """Rewards per round and prompt, whichever trainer produced them: `wrap(reward)` records every
     scored completion under the current round (`new_round()`); pruned rollouts (no completion ids)
     are skipped. Stock TRL scores one generation batch per step, so `per_call=True` makes each
-    reward call a round; trl-alloc's trainers call `new_round()` from their `_run_round`."""
+    reward call a round; trl-alloc's trainers call `new_round()` at the start of each round (`round_start_hooks`)."""
 
     def __init__(self, prompts):
         from ..tasks.data import prompt_key
@@ -111,14 +97,8 @@ class RoundRecorder:
         return recorded
 
     def record_rounds_of(self, trainer):
-        """Start a new round whenever a trl-alloc trainer starts one."""
-        run_round = trainer._run_round
-
-        def recorded_round():
-            self.new_round()
-            return run_round()
-
-        trainer._run_round = recorded_round
+        """Start a new round whenever a trl-alloc trainer starts one (its `round_start_hooks`)."""
+        trainer.round_start_hooks.append(self.new_round)
 
 
 def selection_figures(rounds, num_prompts, bins=5, variance_bins=5):

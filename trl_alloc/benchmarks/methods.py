@@ -8,7 +8,7 @@ import os
 import statistics
 import time
 
-from ..allocation.engine import json_default
+from ..allocation.allocator import json_default
 from ..allocation.registry import method_class
 from .measure import RoundRecorder, cpu_run_kwargs, selection_figures
 
@@ -110,7 +110,7 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
     wall = time.perf_counter() - t0
     state_path = None
     if stages is not None:
-        log = [dict(h) for h in trainer.engine.history]
+        log = [dict(h) for h in trainer.allocator.history]
         if method in {replayed_method(m) for m in opts.methods}:  # the reference random_matched replays
             state_path = os.path.join(run_dir, "allocation_state.json")
             with open(state_path, "w", encoding="utf-8") as f:
@@ -173,8 +173,8 @@ def run_figures(run, budget, planned_rounds):
     return run
 
 
-SCALARS = ("avg", "pass", "egr", "responses_per_eff", "tokens_per_eff", "wall_s", "allocator_share", "responses", "rounds",
-           "effective_groups", "d_avg_vs_stock", "d_pass_vs_stock", "rpe_ratio_vs_dapo", "d_avg_vs_start",
+SCALARS = ("avg", "pass", "egr", "responses_per_eff", "tokens_per_eff", "wall_s", "allocator_share", "responses",
+           "rounds", "effective_groups", "d_avg_vs_stock", "d_pass_vs_stock", "rpe_ratio_vs_dapo", "d_avg_vs_start",
            "survivor_positive_ratio", "head_auc", "seconds_per_eff")
 
 

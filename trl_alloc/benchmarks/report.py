@@ -19,8 +19,8 @@ def markdown_table(rows, opts, start=None):
     k = opts.eval_k
     head = (f"| method | seeds | avg@{k} % | pass@{k} % | Δavg@{k} vs start (pp) | Δavg@{k} vs stock (pp) | "
             f"Δpass@{k} vs stock (pp) | "
-            "eff. group rate % | responses / eff. group | ratio to DAPO | tokens / eff. group | responses | optimizer steps | "
-            "wall s | s / eff. group | allocator share % |")
+            "eff. group rate % | responses / eff. group | ratio to DAPO | tokens / eff. group | responses | "
+            "optimizer steps | wall s | s / eff. group | allocator share % |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m, r in rows.items():
         lines.append(
@@ -29,11 +29,12 @@ def markdown_table(rows, opts, start=None):
             f"{_fmt(r['d_pass_vs_stock'], '.1f', 100, True)} | "
             f"{_fmt(r['egr'], '.1f', 100)} | {_fmt(r['responses_per_eff'], '.1f')} | "
             f"{_fmt(r['rpe_ratio_vs_dapo'], '.2f')} | {_fmt(r['tokens_per_eff'], '.1f')} | "
-            f"{_fmt(r['responses'], '.0f')} | {_fmt(r['rounds'], '.1f')} | {_fmt(r['wall_s'], '.1f')} | {_fmt(r['seconds_per_eff'], '.1f')} | "
-            f"{_fmt(r['allocator_share'], '.2f', 100)} |")
-    note = (f"\nBudget {opts.budget} responses ({opts.rounds} rounds × {opts.batch}; stock: {opts.budget // opts.batch} "
-            f"steps), k={opts.num_generations}, max_completion_length={opts.max_completion_length}, "
-            f"prompt pool {opts.num_prompts}, held-out: {opts.eval_prompts} test prompts × {opts.eval_k} samples (T={opts.temperature:g}). "
+            f"{_fmt(r['responses'], '.0f')} | {_fmt(r['rounds'], '.1f')} | {_fmt(r['wall_s'], '.1f')} | "
+            f"{_fmt(r['seconds_per_eff'], '.1f')} | {_fmt(r['allocator_share'], '.2f', 100)} |")
+    note = (f"\nBudget {opts.budget} responses ({opts.rounds} rounds × {opts.batch}; stock: "
+            f"{opts.budget // opts.batch} steps), k={opts.num_generations}, "
+            f"max_completion_length={opts.max_completion_length}, prompt pool {opts.num_prompts}, "
+            f"held-out: {opts.eval_prompts} test prompts × {opts.eval_k} samples (T={opts.temperature:g}). "
             "Eff. group = a group with mixed rewards; rate = effective / groups touched. Ratio to DAPO = responses "
             "per effective group ÷ DAPO dynamic sampling's (paired per seed). Δ = method − stock GRPOTrainer, or "
             "− the untrained start checkpoint (paired per seed), percentage points. s / eff. group = train() "
@@ -49,7 +50,8 @@ def markdown_table(rows, opts, start=None):
         note += (" Quality head AUC (mean over rounds, on each round's completed rollouts before the head trains on "
                  "them): " + ", ".join(aucs) + ".")
     if start:
-        note += f" Start checkpoint: avg@{k} {_fmt(start['avg'], '.1f', 100)} %, pass@{k} {_fmt(start['pass'], '.1f', 100)} %."
+        note += (f" Start checkpoint: avg@{k} {_fmt(start['avg'], '.1f', 100)} %, "
+                 f"pass@{k} {_fmt(start['pass'], '.1f', 100)} %.")
     return "\n".join(lines) + "\n" + note
 
 
@@ -131,8 +133,10 @@ def plots(runs, rows, methods, out_dir, opts):
         by_bin = {}  # the observer's q̂ bins, pooled over seeds and weighted by groups
         for b in pts:
             by_bin.setdefault(b["bin"], []).append(b)
-        xs = [np.average([b["q_hat"] for b in bs], weights=[b["groups"] for b in bs]) for _, bs in sorted(by_bin.items())]
-        ys = [np.average([b["observed"] for b in bs], weights=[b["groups"] for b in bs]) for _, bs in sorted(by_bin.items())]
+        xs = [np.average([b["q_hat"] for b in bs], weights=[b["groups"] for b in bs])
+              for _, bs in sorted(by_bin.items())]
+        ys = [np.average([b["observed"] for b in bs], weights=[b["groups"] for b in bs])
+              for _, bs in sorted(by_bin.items())]
         if xs:
             ax.plot(xs, ys, marker="o", **style[m])
     ax.plot([0, 0.25], [0, 0.25], "k--", lw=0.8, label="calibrated")
@@ -142,7 +146,8 @@ def plots(runs, rows, methods, out_dir, opts):
     ax.grid(alpha=0.3)
     save(fig, "qhat_vs_variance", "qhat_vs_variance.png")
 
-    pruned = [m for m in methods if m in PRUNING_METHODS and first.get(m) and first[m]["curve_survivor_positive_ratio"]]
+    pruned = [m for m in methods
+              if m in PRUNING_METHODS and first.get(m) and first[m]["curve_survivor_positive_ratio"]]
     if pruned:
         fig, ax = plt.subplots(figsize=(7, 4))
         for m in pruned:
@@ -164,7 +169,8 @@ def load_earlier_run(path):
     except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or not JSON
         raise SystemExit(f"--from_json {path!r}: cannot read it as a bench.json ({exc})") from None
     missing = [k for k in ("runs", "settings", "model_dir") if k not in earlier]
-    if missing or any("bin" not in v for r in earlier["runs"] for v in r.get("selection", {"variance": [{}]})["variance"]):
+    if missing or any("bin" not in v for r in earlier["runs"]
+                      for v in r.get("selection", {"variance": [{}]})["variance"]):
         raise SystemExit(f"--from_json {path!r}: not a bench.json of this version of scripts/bench.py (missing "
                          f"{missing or ['per-run selection figures']}); re-run the benchmark")
     return earlier

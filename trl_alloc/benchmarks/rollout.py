@@ -14,7 +14,7 @@ import time
 import numpy as np
 import requests
 
-from ..allocation.engine import AllocationEngine
+from ..allocation.allocator import Allocator
 from ..allocation.event_rounds import BatchedEventRound
 from ..rollout.events import VLLMServerRollouts
 from ..rollout.pruning import RolloutPruner
@@ -138,34 +138,34 @@ def run_rounds(method, config, backend, prompt_ids_of, score, rounds, num_prompt
     events = mode == "events"
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
     pruner = None if config.pruning == "none" else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
-    engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
+    allocator = Allocator.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
     window = config.rollout_max_inflight or config.generation_batch_size
     per_round, snapshots, head_state = [], [], None
 
     def on_detect(snaps):
         snapshots.extend(snaps)
-        return pruner.decide_snapshots(snaps, engine.current_round)
+        return pruner.decide_snapshots(snaps, allocator.current_round)
 
     completed, score = _recording(score)
     with backend.monitor(window) as monitor:
         for _ in range(rounds):
-            if engine.pacer.finished:
+            if allocator.pacer.finished:
                 break
             t0 = time.perf_counter()
-            engine.start_round(events=events)
-            allocator = engine if events else BatchedEventRound(engine.current_round)
+            allocator.start_round(events=events)
+            driven = allocator if events else BatchedEventRound(allocator.current_round)
             rollouts = backend.rollouts(config, window, None if pruner is None else pruner.head)
             snapshots.clear()
             head_state = None if pruner is None else {k: v.clone() for k, v in pruner.head.state_dict().items()}
             monitor.active = True
             try:
-                driver = run_round(allocator, rollouts, prompt_ids_of, score, config.max_completion_length, window,
+                driver = run_round(driven, rollouts, prompt_ids_of, score, config.max_completion_length, window,
                                    timeout=600, detect_at=pruner and pruner.detect_length,
                                    on_detect=pruner and on_detect)
             finally:
                 monitor.active = False
                 rollouts.close()
-            summary = engine.finish_round()
+            summary = allocator.finish_round()
             monitor.active = True
             time.sleep(train_s)  # the trainer's step: the engine waits
             monitor.active = False
@@ -197,12 +197,12 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
     the stream: the head (trained at each close) is re-sent to the engine after each push."""
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
     pruner = None if config.pruning == "none" else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
-    engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
+    allocator = Allocator.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
     window = config.rollout_max_inflight or config.generation_batch_size
     rollouts = backend.rollouts(config, window, None if pruner is None else pruner.head)
     detect = {} if pruner is None else {
         "detect_at": pruner.detect_length, "on_observe": pruner.record,
-        "on_detect": lambda snaps: pruner.decide_snapshots(snaps, engine.current_round)}
+        "on_detect": lambda snaps: pruner.decide_snapshots(snaps, allocator.current_round)}
     driver = StreamDriver(rollouts, prompt_ids_of, config.max_completion_length, window, timeout=600,
                           max_staleness=config.max_staleness, **detect)
     per_round, staleness = [], []
@@ -211,26 +211,26 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
     with backend.monitor(window) as monitor:
         monitor.active = True
         try:
-            engine.start_round(True, carry=driver.carry, wait_for_groups=wait or rounds == 1)
-            driver.start(engine.current_round)
+            allocator.start_round(True, carry=driver.carry, wait_for_groups=wait or rounds == 1)
+            driver.start(allocator.current_round)
             for i in range(rounds):
                 t0, spent0, tokens0, aborted0 = time.perf_counter(), driver.spent, driver.tokens, driver.aborted
                 pruned0 = len(driver.pruned)
                 driver.run(score)
-                summary = engine.finish_round()
+                summary = allocator.finish_round()
                 staleness.extend(row["staleness"] for row in driver.trained)
                 stats = summary["stats"]
-                more = i + 1 < rounds and not engine.pacer.finished
+                more = i + 1 < rounds and not allocator.pacer.finished
                 if more and not backend.colocate:
-                    engine.start_round(True, carry=driver.carry, wait_for_groups=i + 2 == rounds)
-                    driver.start(engine.current_round)
+                    allocator.start_round(True, carry=driver.carry, wait_for_groups=i + 2 == rounds)
+                    driver.start(allocator.current_round)
                 time.sleep(train_s)  # the trainer's step: a server generates meanwhile
                 driver.push()
                 if pruner is not None:
                     rollouts.load_head(pruner.head)
                 if more and backend.colocate:
-                    engine.start_round(True, carry=driver.carry, wait_for_groups=True)
-                    driver.start(engine.current_round)
+                    allocator.start_round(True, carry=driver.carry, wait_for_groups=True)
+                    driver.start(allocator.current_round)
                 per_round.append({"s": time.perf_counter() - t0, "responses": stats["responses"],
                                   "tokens": driver.tokens - tokens0, "aborted": driver.aborted - aborted0,
                                   "pruned": len(driver.pruned) - pruned0,
@@ -238,7 +238,7 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
                                   "groups": stats["groups"],
                                   "submissions": stats["generation_calls"], "carried": driver.carried,
                                   "stale_aborted": stats["expired"], "started": driver.spent - spent0})
-                if engine.pacer.finished:
+                if allocator.pacer.finished:
                     break
         finally:
             monitor.active = False
@@ -288,7 +288,7 @@ def predict_rounds(method, config, result, step, rounds, num_prompts, train_s=0.
         return lengths[rng.integers(lengths.size)], rng.random() < rate[pid]
 
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": "none"}
-    engine = AllocationEngine.from_config(config, num_prompts, config.num_rounds, plan=plan)
+    allocator = Allocator.from_config(config, num_prompts, config.num_rounds, plan=plan)
     window = config.rollout_max_inflight or config.generation_batch_size
     sim = SimulatedRollouts(outcome, window, step, seed=seed)
     success = lambda r: r.info["success"]  # noqa: E731
@@ -296,25 +296,25 @@ def predict_rounds(method, config, result, step, rounds, num_prompts, train_s=0.
     if mode == "stream":
         driver = StreamDriver(sim, lambda pid: [], config.max_completion_length, window,
                               max_staleness=config.max_staleness)
-        engine.start_round(True, carry=driver.carry, wait_for_groups=rounds == 1)
-        driver.start(engine.current_round)
+        allocator.start_round(True, carry=driver.carry, wait_for_groups=rounds == 1)
+        driver.start(allocator.current_round)
     for i in range(rounds):
-        if engine.pacer.finished:
+        if allocator.pacer.finished:
             break
         t0 = sim.clock_s
         if mode == "stream":
             driver.run(success)
-            engine.finish_round()
-            if i + 1 < rounds and not engine.pacer.finished:
-                engine.start_round(True, carry=driver.carry, wait_for_groups=i + 2 == rounds)
-                driver.start(engine.current_round)
+            allocator.finish_round()
+            if i + 1 < rounds and not allocator.pacer.finished:
+                allocator.start_round(True, carry=driver.carry, wait_for_groups=i + 2 == rounds)
+                driver.start(allocator.current_round)
             sim.run_for(train_s)
             driver.push()
         else:
-            engine.start_round(events=mode == "events")
-            allocator = engine if mode == "events" else BatchedEventRound(engine.current_round)
-            run_round(allocator, sim, lambda pid: [], success, config.max_completion_length, window)
-            engine.finish_round()
+            allocator.start_round(events=mode == "events")
+            driven = allocator if mode == "events" else BatchedEventRound(allocator.current_round)
+            run_round(driven, sim, lambda pid: [], success, config.max_completion_length, window)
+            allocator.finish_round()
             sim.pause_for(train_s)
         seconds.append(sim.clock_s - t0)
     return {"s_per_round": float(np.mean(seconds)) if seconds else float("nan"), "rounds": len(seconds)}
@@ -333,4 +333,5 @@ def summarise(result):
             "s_per_eff": per(total["s"]), "idle": result["idle"], "occupancy": result["occupancy"]}
 
 
-__all__ = ["ROLLOUT_METHODS", "ServerBackend", "ColocateBackend", "EngineMonitor", "run_rounds", "summarise", "measure_step_time", "predict_rounds"]
+__all__ = ["ROLLOUT_METHODS", "ServerBackend", "ColocateBackend", "EngineMonitor", "run_rounds", "summarise",
+           "measure_step_time", "predict_rounds"]

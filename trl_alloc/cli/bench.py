@@ -20,7 +20,7 @@ num_generations, same max_completion_length, same optimizer settings):
 Per method: held-out avg@k and pass@k (``trl_alloc.evaluation``, transformers backend, k samples per
 prompt on held-out test prompts), effective-group rate (groups with mixed rewards / groups touched),
 responses and completion tokens per effective group, wall-clock of ``train()``, and the allocator's share
-of it (``trainer.engine.history``). For stock TRL the groups are counted at the reward call (consecutive
+of it (``trainer.allocator.history``). For stock TRL the groups are counted at the reward call (consecutive
 ``num_generations`` completions of one prompt). Ratio columns: responses per effective group relative
 to DAPO dynamic sampling, held-out avg@k / pass@k minus stock GRPOTrainer's (and the start checkpoint's).
 How each run chose prompts is judged by one method-independent observer (``selection_figures``: a
@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 
-from ..allocation.engine import json_default
+from ..allocation.allocator import json_default
 from ..benchmarks.report import load_earlier_run, markdown_table, plots
 from ..benchmarks.measure import check_batch, quiet
 from ..benchmarks.methods import (METHODS, evaluate_model, method_recipe, replayed_method, run_figures, run_method,
@@ -68,7 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="10 rounds, 1 seed, 50 eval prompts x 4 samples (unless set explicitly)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per method (mean ± std); default 3, --quick 1")
-    p.add_argument("--rounds", type=int, default=None, help="scheduler rounds K; default 40 (the embedded recipe), --quick 10")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="scheduler rounds K; default 40 (the embedded recipe), --quick 10")
     p.add_argument("--budget", type=int, default=None,
                    help="total responses per run (default rounds × batch); stock gets budget // batch steps")
     p.add_argument("--methods", default=",".join(METHODS), help="comma list from " + ",".join(METHODS) + ", or any "
@@ -89,9 +90,12 @@ def parse_args(argv=None):
                    help="training prompt pool size; default 128 (--quick) / 256, smaller than rounds × prompts per "
                    "round so prompts recur and the allocators' per-prompt states matter (with a pool larger than "
                    "the run visits, every prompt is fresh and knapsack / cero_fixed / cero_greedy reduce to uniform)")
-    p.add_argument("--learning_rate", type=float, default=1e-4, help="the embedded recipe's rate (configs/tiny_cpu.yaml); 3e-4 and above destabilise the tiny model")
+    p.add_argument("--learning_rate", type=float, default=1e-4,
+                   help="the embedded recipe's rate (configs/tiny_cpu.yaml); 3e-4 and above destabilise the "
+                   "tiny model")
     p.add_argument("--eval_prompts", type=int, default=None, help="held-out test prompts; default 200, --quick 50")
-    p.add_argument("--eval_k", type=int, default=None, help="k of avg@k / pass@k (= samples per eval prompt); default 8, --quick 4")
+    p.add_argument("--eval_k", type=int, default=None,
+                   help="k of avg@k / pass@k (= samples per eval prompt); default 8, --quick 4")
     p.add_argument("--seed", type=int, default=0, help="first seed (seeds are seed, seed+1, ...)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (0 = torch default)")
     p.add_argument("--from_json", default=None,

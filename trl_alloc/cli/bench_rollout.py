@@ -41,7 +41,7 @@ import os
 import tempfile
 import time
 
-from ..allocation.engine import json_default
+from ..allocation.allocator import json_default
 from ..benchmarks.measure import parse_choices
 from ..benchmarks.rollout import (ROLLOUT_METHODS, ColocateBackend, ServerBackend, measure_step_time, predict_rounds,
                                   run_rounds, summarise)
@@ -113,7 +113,8 @@ def table(results):
 
 def compare_scoring(model_dir, snaps, last_round, head_state, pad_id):
     """The two ARROL scoring paths on the same snapshots: s per scored rollout (engine: the worker's hook plus
-    collecting its scores; trainer: `last_hidden_states` of prompt + partial, batches of 8) and the largest score difference."""
+    collecting its scores; trainer: `last_hidden_states` of prompt + partial, batches of 8) and the largest score
+    difference."""
     import torch
     from transformers import AutoModelForCausalLM
 

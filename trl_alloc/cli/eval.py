@@ -25,8 +25,8 @@ TASK_DEFAULT_TOKENS = {"arithmetic": 16, "countdown": 32}
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="tiny", help="model directory, Hub id, a registered name (smollm2-135m-instruct, "
-                   "trl_alloc.tasks.models) or `tiny` (the embedded tiny model of "
+    p.add_argument("--model", default="tiny", help="model directory, Hub id, a registered name "
+                   "(smollm2-135m-instruct, trl_alloc.tasks.models) or `tiny` (the embedded tiny model of "
                    "the built-in task)")
     p.add_argument("--dataset", default="builtin:arithmetic",
                    help="builtin:arithmetic | builtin:countdown | a .jsonl/.json/.parquet/.csv file | a Hub dataset")
@@ -84,8 +84,8 @@ def load_head(path, model, tokenizer, at, device):
     from trl_alloc.rollout.quality_head import QualityHead
 
     if not os.path.isdir(path):
-        raise SystemExit(f"--head {path!r} is not a folder; give the quality_head/ folder a trl-alloc run saved (next to "
-                         "its checkpoints and final model).")
+        raise SystemExit(f"--head {path!r} is not a folder; give the quality_head/ folder a trl-alloc run saved "
+                         "(next to its checkpoints and final model).")
     head = QualityHead.from_pretrained(path).float().eval()  # CPU float32, as in training
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
     if hidden is not None and head.hidden_size != hidden:

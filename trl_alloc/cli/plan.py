@@ -7,17 +7,17 @@ writes plan.json and PNG plots to --output_dir.
 
 Then the same fillers on a model of the inference engine (`rollout.simulated`: continuous batching of
 --engine_seqs sequences, one decode step of --step_ms per token, response lengths lognormal with median
---length_median under the seeds' 2,048-token cap), for the first --engine_rounds rounds, synchronous
+--length_median under the papers' 2,048-token cap), for the first --engine_rounds rounds, synchronous
 (each call waits for its longest rollout) and as events: engine seconds per round, responses, tokens and
 GPU-seconds per effective group, and the idle share of the engine. GPU-hours, not responses. The trainer
 is in the loop: a round trains for its trained tokens × --train_ms_per_token / --train_gpus, then pushes
 its weights (--sync_s); synchronous and event rounds leave the engine idle meanwhile, the stream rows
 (rollout_mode="stream": carry-over, the next round generating while this one trains, --engine_staleness
-bounds) keep it decoding. GPU-seconds count every GPU, training ones included. With --colocate, one GPU generates and trains in turn
-(TRL's colocate mode): nothing overlaps, and the stream rows only carry what runs past a round's groups. The
---engine_prune methods
-run once more with pruning in the stream at --detect_length tokens (random at κ = --prune_keep: the
-compute ARROL's aborts free, without the head's selection).
+bounds) keep it decoding. GPU-seconds count every GPU, training ones included. With --colocate, one GPU
+generates and trains in turn (TRL's colocate mode): nothing overlaps, and the stream rows only carry what
+runs past a round's groups. The --engine_prune methods run once more with pruning in the stream at
+--detect_length tokens (random at κ = --prune_keep: the compute ARROL's aborts free, without the head's
+selection).
 """
 
 import argparse

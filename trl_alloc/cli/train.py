@@ -135,7 +135,7 @@ def _main(argv=None):
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_alloc.allocation.engine import trained_groups
+    from trl_alloc.allocation.allocator import trained_groups
     from trl_alloc.evaluation import TransformersBackend
     from trl_alloc.trainer.trl_compat import sync_vllm_weights
     from trl_alloc.reporting.plots import update_summary
@@ -227,7 +227,7 @@ def _main(argv=None):
         trainer.push_to_hub(dataset_name=None if builtin else script_args.dataset_name)
     trainer.accelerator.wait_for_everyone()  # the main process may still be evaluating
     trainer.accelerator.end_training()  # trackers closed, process group destroyed: a clean exit on every rank
-    if not any(trained_groups(h) > 0 for h in trainer.engine.history):
+    if not any(trained_groups(h) > 0 for h in trainer.allocator.history):
         if state.is_main_process:
             print("[trl-alloc] nothing was trained: no round had a group with a non-zero advantage (see the warning "
                   "above and "

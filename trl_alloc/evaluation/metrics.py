@@ -96,7 +96,8 @@ def maj_at_k(correct, groups, k: int, scores=None) -> float:
     return float(np.mean(outcomes))
 
 
-def compute_metrics(rewards, groups, ks, scores=None, threshold: float = SUCCESS_THRESHOLD) -> dict[int, dict[str, float]]:
+def compute_metrics(rewards, groups, ks, scores=None,
+                    threshold: float = SUCCESS_THRESHOLD) -> dict[int, dict[str, float]]:
     """Dataset-level metrics per k: ``{k: {"avg": ..., "pass": ..., "maj": ..., ["head_maj": ...]}}``.
 
     ``rewards``: (P, n) rewards; ``groups``: P lists of n group ids; ``scores``: optional (P, n)

@@ -71,7 +71,7 @@ class HubMixin:
         if os.path.isfile(summary_path):
             with open(summary_path, encoding="utf-8") as f:
                 summary = {k: v for k, v in json.load(f).items() if k != "per_round"}
-        elif getattr(self, "engine", None) is not None and self.engine.history:  # a card before the run's report
+        elif getattr(self, "allocator", None) is not None and self.allocator.history:  # a card before the run's report
             summary = self.write_allocation_report()
         evaluation = {k: v for k, v in summary.items() if k.startswith("held_out_") or k.startswith("eval_")}
         tags = [tags] if isinstance(tags, str) else list(tags or [])

@@ -16,10 +16,18 @@ vLLM adds a `worker_extension_cls` (`extend_worker`), and called through `LLM.co
 
 from __future__ import annotations
 
-from .events import StreamedRollouts
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .events import Rollout, StreamedRollouts
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+    from .quality_head import QualityHead
 
 
-def engine_worker(llm):
+def engine_worker(llm: LLM) -> Any:
     """The in-process worker of a colocate `LLM` (TRL builds it with `distributed_executor_backend=
     "external_launcher"`: one worker, in this process)."""
     executor = llm.llm_engine.model_executor
@@ -32,7 +40,7 @@ def engine_worker(llm):
     return worker
 
 
-def extend_worker(llm):
+def extend_worker(llm: LLM) -> LLM:
     """Give the colocate engine's worker trl-alloc's worker extension (`serving.worker_extension`): its class gains
     the extension as a base, which is what vLLM does for `--worker-extension-cls` when it builds a worker."""
     from vllm.utils.import_utils import resolve_obj_by_qualname
@@ -49,7 +57,8 @@ def extend_worker(llm):
 class VLLMColocateRollouts(StreamedRollouts):
     """Rollouts of a colocate `LLM` (module docstring); `extra`: more `SamplingParams` fields."""
 
-    def __init__(self, llm, temperature=1.0, top_p=1.0, top_k=0, seed=None, extra=None, quality_head=None):
+    def __init__(self, llm: LLM, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 extra: dict | None = None, quality_head: QualityHead | None = None) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -71,7 +80,7 @@ class VLLMColocateRollouts(StreamedRollouts):
         self._by_request[request_id] = r
         self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": r.prompt_ids}, params)
 
-    def step(self):
+    def step(self) -> None:
         """One engine step; its new tokens go to their rollouts (ended ones are delivered)."""
         self.steps += 1
         for out in self.llm.llm_engine.step():
@@ -85,14 +94,14 @@ class VLLMColocateRollouts(StreamedRollouts):
                 self._by_request.pop(out.request_id, None)
                 self._finish(r)
 
-    def next_completed(self, timeout=None):
+    def next_completed(self, timeout: float | None = None) -> list[Rollout]:
         """Steps the engine until a rollout ends (or reaches its detection point); `timeout` is not needed: the
         engine runs in this thread."""
         while self._done.empty() and self.in_flight:
             self.step()
         return super().next_completed(timeout=None)
 
-    def advance(self, steps):
+    def advance(self, steps: int) -> list[Rollout]:
         """At most `steps` engine steps, stopping once a rollout has ended; returns the ended ones (maybe none)."""
         for _ in range(int(steps)):
             if not self.in_flight or not self._done.empty():
@@ -126,11 +135,11 @@ class RankEngine:
     abort the named ones, step the engine (at most `steps` times, stopping once one of its rollouts has ended),
     close; returns ("ok", ended rollouts) or ("error", message)."""
 
-    def __init__(self, local, rank, steps=4):
+    def __init__(self, local: VLLMColocateRollouts, rank: int, steps: int = 4) -> None:
         self.local, self.rank, self.steps, self.ids = local, int(rank), int(steps), {}  # local rid -> global rid
         self.started = 0  # rollouts started on this rank's engine
 
-    def apply(self, cmd):
+    def apply(self, cmd: dict) -> tuple[str, list[Rollout] | str]:
         try:
             out = []
             for rids, prompt_ids, max_tokens, tag in cmd.get("submit", {}).get(self.rank, ()):
@@ -148,7 +157,7 @@ class RankEngine:
         except Exception as exc:  # noqa: BLE001 -- reported to the main process, which raises it on every rank
             return "error", f"rank {self.rank}: {type(exc).__name__}: {exc}"
 
-    def follow(self, broadcast, all_gather):
+    def follow(self, broadcast: Callable[[Any], Any], all_gather: Callable[[Any], list]) -> None:
         """A rank other than the main process: apply each command the main process broadcasts until it says stop."""
         while (cmd := broadcast(None)) != STOP:
             all_gather(self.apply(cmd))
@@ -161,7 +170,8 @@ class RankedRollouts:
     are the process group's collectives; every other rank runs `RankEngine.follow` while the main process may
     exchange, and `release()` ends that."""
 
-    def __init__(self, host, world_size, broadcast, all_gather):
+    def __init__(self, host: RankEngine, world_size: int, broadcast: Callable[[Any], Any],
+                 all_gather: Callable[[Any], list]) -> None:
         self.host, self.world = host, int(world_size)
         self._broadcast, self._all_gather = broadcast, all_gather
         self._next_id, self._rank_of, self._pending = 0, {}, {}  # global rid -> rank; rank -> submissions
@@ -169,10 +179,10 @@ class RankedRollouts:
         self.scoring_s = self.hook_s = 0.0
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> int:
         return len(self._rank_of)
 
-    def submit(self, prompt_ids, n=1, max_tokens=16, tag=None):
+    def submit(self, prompt_ids: Sequence[int], n: int = 1, max_tokens: int = 16, tag: Any = None) -> list[int]:
         load = [0] * self.world
         for rank in self._rank_of.values():
             load[rank] += 1
@@ -195,7 +205,7 @@ class RankedRollouts:
             self._rank_of.pop(r.rid, None)
         return out
 
-    def next_completed(self, timeout=None):
+    def next_completed(self, timeout: float | None = None) -> list[Rollout]:
         """Exchanges (each rank steps its engine) until a rollout has ended on some rank."""
         while self.in_flight:
             out = self._exchange(step=True)
@@ -203,18 +213,18 @@ class RankedRollouts:
                 return out
         return []
 
-    def abort(self, rids):
+    def abort(self, rids: Iterable[int]) -> list[Rollout]:
         by_rank = {}
         for rid in rids:
             if rid in self._rank_of:
                 by_rank.setdefault(self._rank_of[rid], []).append(rid)
         return self._exchange(abort=by_rank) if by_rank or self._pending else []
 
-    def close(self):
+    def close(self) -> None:
         self._exchange(close=True)
         self._rank_of.clear()
 
-    def release(self):
+    def release(self) -> None:
         """The main process is done exchanging for now: the other ranks stop following."""
         self._broadcast(STOP)
 

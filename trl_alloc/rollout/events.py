@@ -31,9 +31,13 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .quality_head import QualityHead
 
 
 @dataclass
@@ -53,12 +57,15 @@ class BatchedRollouts:
     reasons)`, one call per `next_completed` over everything pending (rollouts of one call share its
     `max_tokens`, the largest asked; each is cut to its own)."""
 
-    def __init__(self, generate=None, seed=0):
+    def __init__(self, generate: Callable[[list[list[int]], int, int],
+                                          tuple[Sequence[Sequence[int]], Sequence[str]]] | None = None,
+                 seed: int = 0) -> None:
         self._generate, self.seed = generate, int(seed)
         self._ids, self._pending, self.calls = itertools.count(), {}, 0
 
     @classmethod
-    def from_backend(cls, backend, temperature=1.0, top_p=1.0, top_k=0, seed=0):
+    def from_backend(cls, backend: Any,
+                     temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> BatchedRollouts:
         """Over an evaluation backend (`evaluation.TransformersBackend`): one sample per submitted rollout."""
         def generate(prompt_ids, max_tokens, call_seed):
             ids, reasons = backend.generate(prompt_ids, 1, max_tokens, temperature, seed=call_seed, top_p=top_p,
@@ -67,10 +74,10 @@ class BatchedRollouts:
         return cls(generate, seed)
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> int:
         return len(self._pending)
 
-    def submit(self, prompt_ids, n=1, max_tokens=16, tag=None):
+    def submit(self, prompt_ids: Sequence[int], n: int = 1, max_tokens: int = 16, tag: Any = None) -> list[int]:
         rids = []
         for _ in range(int(n)):
             rid = next(self._ids)
@@ -78,7 +85,7 @@ class BatchedRollouts:
             rids.append(rid)
         return rids
 
-    def next_completed(self, timeout=None):
+    def next_completed(self, timeout: float | None = None) -> list[Rollout]:
         if not self._pending:
             return []
         batch, self._pending = list(self._pending.values()), {}
@@ -92,7 +99,7 @@ class BatchedRollouts:
             r.finish_reason = "length" if len(c) > r.max_tokens else why
         return batch
 
-    def abort(self, rids):
+    def abort(self, rids: Iterable[int]) -> list[Rollout]:
         return [self._abort(self._pending.pop(rid)) for rid in rids if rid in self._pending]
 
     @staticmethod
@@ -100,7 +107,7 @@ class BatchedRollouts:
         r.finish_reason = "abort"
         return r
 
-    def close(self):
+    def close(self) -> None:
         self._pending.clear()
 
 
@@ -117,7 +124,7 @@ class StreamedRollouts:
     `scoring_s`: rollouts whose scores were collected, and the seconds that took; `hook_s` (after `close`):
     the seconds the worker's hook spent scoring meanwhile."""
 
-    def __init__(self, request_timeout=600.0, quality_head=None):
+    def __init__(self, request_timeout: float | None = 600.0, quality_head: QualityHead | None = None) -> None:
         from ..serving.worker_extension import REQUEST_PREFIX
 
         self.request_timeout = request_timeout
@@ -127,21 +134,23 @@ class StreamedRollouts:
         if quality_head is not None:
             self.hook_s = -self.load_head(quality_head)["hook_s"]
 
-    def load_head(self, quality_head):
+    def load_head(self, quality_head: QualityHead) -> dict:
         """Send the quality head's current weights to the engine's worker (which scores with them from now on: a
         stream re-sends them after each weight push); returns the worker's answer (its cumulative `hook_s`)."""
-        return self._rpc("load_quality_head", _head_payload(quality_head.state_dict()), int(quality_head.detect_length))
+        return self._rpc("load_quality_head", _head_payload(quality_head.state_dict()),
+                         int(quality_head.detect_length))
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> int:
         with self._lock:
             return len(self._live)
 
-    def request_id(self, rid):
+    def request_id(self, rid: int) -> str:
         """The engine's request id of rollout `rid` (what the worker keys its scores by)."""
         return f"{self._request_prefix}{rid}"
 
-    def submit(self, prompt_ids, n=1, max_tokens=16, tag=None, detect_at=None):
+    def submit(self, prompt_ids: Sequence[int], n: int = 1, max_tokens: int = 16, tag: Any = None,
+               detect_at: int | None = None) -> list[int]:
         """`detect_at`: when a rollout has that many tokens and is still running, a snapshot of it (finish
         reason "detect") is delivered too, while the stream goes on: abort it to stop it there (ARROL's
         pruning), or let it continue, with no second request and no second prefill."""
@@ -176,7 +185,7 @@ class StreamedRollouts:
             self._live.pop(r.rid, None)
         self._done.put(r)
 
-    def next_completed(self, timeout=None):
+    def next_completed(self, timeout: float | None = None) -> list[Rollout]:
         """The rollouts that have finished since the last call; blocks until one has (or none is in flight)."""
         out = []
         if self.in_flight or not self._done.empty():
@@ -205,7 +214,7 @@ class StreamedRollouts:
             r.info["score"], r.info["hidden"] = float(got[0]), got[1]
             self.scored += 1
 
-    def abort(self, rids):
+    def abort(self, rids: Iterable[int]) -> list[Rollout]:
         """Stop these rollouts; returns them with what they had generated (finish_reason "abort")."""
         with self._lock:
             live = [self._live[rid] for rid in rids if rid in self._live]
@@ -223,7 +232,7 @@ class StreamedRollouts:
             self._done.put(r)
         return out
 
-    def close(self):
+    def close(self) -> None:
         with self._lock:
             live = list(self._live.values())
         for r, cancel in live:
@@ -257,8 +266,9 @@ class VLLMServerRollouts(StreamedRollouts):
     `seed`, rollout i is sampled with seed + i; without, the server's generator decides (vLLM on CPU fails on
     seeded requests whose prompt is prefilled in chunks: "CPU Generator does not use offset")."""
 
-    def __init__(self, base_url, model=None, temperature=1.0, top_p=1.0, top_k=0, seed=None, max_inflight=64,
-                 request_timeout=600.0, extra=None, quality_head=None):
+    def __init__(self, base_url: str, model: str | None = None, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = None, max_inflight: int = 64, request_timeout: float = 600.0,
+                 extra: dict | None = None, quality_head: QualityHead | None = None) -> None:
         import requests
 
         from ..serving.client import AllocVLLMClient
@@ -303,7 +313,8 @@ class VLLMServerRollouts(StreamedRollouts):
                         raise RuntimeError(f"the server reported {payload.get('error', payload)}")
                     choice = payload["choices"][0]
                     self._extend(r, choice.get("token_ids") or [],
-                                 (choice.get("logprobs") or {}).get("token_logprobs") or [], choice.get("finish_reason"))
+                                 (choice.get("logprobs") or {}).get("token_logprobs") or [],
+                                 choice.get("finish_reason"))
         except Exception as exc:  # noqa: BLE001 -- delivered to the caller, not lost in a thread
             self._finish(r, exc)
             return

@@ -17,17 +17,25 @@ vLLM's engine core runs in a child process started with `spawn`: a script that b
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+from typing import TYPE_CHECKING, Any
 
 from .events import StreamedRollouts
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from .quality_head import QualityHead
 
 
 class VLLMInProcessRollouts(StreamedRollouts):
     """Rollouts from an `AsyncLLM` (given, or built by `start`) whose event loop runs on `loop`'s thread;
     `extra`: more `SamplingParams` fields (e.g. `ignore_eos`)."""
 
-    def __init__(self, llm, loop, temperature=1.0, top_p=1.0, top_k=0, seed=None, request_timeout=600.0,
-                 quality_head=None, extra=None):
+    def __init__(self, llm: AsyncLLM, loop: asyncio.AbstractEventLoop, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = None, request_timeout: float = 600.0,
+                 quality_head: QualityHead | None = None, extra: dict | None = None) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -38,8 +46,9 @@ class VLLMInProcessRollouts(StreamedRollouts):
         super().__init__(request_timeout, quality_head)
 
     @classmethod
-    def start(cls, model, dtype="float32", gpu_memory_utilization=None, max_model_len=None, enforce_eager=None,
-              **kwargs):
+    def start(cls, model: str | os.PathLike, dtype: str = "float32", gpu_memory_utilization: float | None = None,
+              max_model_len: int | None = None, enforce_eager: bool | None = None,
+              **kwargs: Any) -> VLLMInProcessRollouts:
         """Build an `AsyncLLM` for `model` (a local folder) with trl-alloc's worker extension, on a new event-loop
         thread. Defaults as `trl-alloc-serve`'s on this device (CPU: whole prefills, eager, 0.1 of the RAM)."""
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -108,7 +117,7 @@ class VLLMInProcessRollouts(StreamedRollouts):
                 task.cancel()
         self.loop.call_soon_threadsafe(cancel)
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         """Stop the engine this backend built and its event loop."""
         import gc
 

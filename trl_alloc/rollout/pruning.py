@@ -33,9 +33,10 @@ runs the same number, with throwaway rows where it has none).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -175,7 +176,8 @@ class RolloutPruner:
                "pruning/pruned": float(r["pruned"]), "pruning/finished_early": float(r["finished_early"]),
                "pruning/keep_ratio": (r["eligible"] - r["pruned"]) / r["eligible"] if r["eligible"] else 1.0,
                "pruning/tokens_saved": r["tokens_saved"], "pruning/generation_s": r["generation_s"],
-               "pruning/scoring_s": r["scoring_s"], "pruning/target_ratio": float(self.policy.survival["target_ratio"])}
+               "pruning/scoring_s": r["scoring_s"],
+               "pruning/target_ratio": float(self.policy.survival["target_ratio"])}
         if r["survivor_labels"]:
             out["pruning/survivor_positive_ratio"] = float(np.mean(r["survivor_labels"]))
         self.totals["eligible"] += r["eligible"]
@@ -262,92 +264,82 @@ class RolloutPruner:
             self.optimizer.load_state_dict(torch.load(opt, map_location="cpu", weights_only=True))
 
 
-def build_pruner(trainer):
-    """The trainer's pruning stage, or None for pruning='none'."""
-    args = trainer.args
+def build_pruner(args, model_config) -> "RolloutPruner | None":
+    """The pruning stage `args.pruning` names (None for 'none'), for a policy with `model_config` (its hidden size
+    sizes the quality head)."""
     if method_class("pruning", args.pruning) is None:
         return None
-    config = trainer.model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    name = getattr(config, "_name_or_path", None) or None
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    name = getattr(model_config, "name_or_path", None) or None
     seed = args.seed if args.allocation_seed is None else args.allocation_seed
     return RolloutPruner(args, hidden_size=getattr(text, "hidden_size", None), base_model=name, seed=seed)
 
 
 # ---------------------------------------------------------------------- generation (every rank)
-@contextlib.contextmanager
-def max_new_tokens(trainer, n):
-    """Temporarily cap the trainer's generation length at n tokens, for every backend TRL uses:
-    transformers (`generation_config` and the `generation_kwargs` TRL re-applies) and vLLM
-    (server or colocate: `vllm_generation.max_completion_length`, sent as `max_tokens`)."""
-    saved = []
-    vg = getattr(trainer, "vllm_generation", None) if trainer.use_vllm else None
-    if vg is not None:
-        saved.append((vg, "max_completion_length", vg.max_completion_length))
-        vg.max_completion_length = n
-    gc = getattr(trainer, "generation_config", None)
-    if gc is not None:
-        saved.append((gc, "max_new_tokens", gc.max_new_tokens))
-        gc.max_new_tokens = n
-    gk = getattr(trainer, "generation_kwargs", None)
-    if isinstance(gk, dict) and "max_new_tokens" in gk:
-        old = gk["max_new_tokens"]
-        gk["max_new_tokens"] = n
-    try:
-        yield
-    finally:
-        for obj, name, value in saved:
-            setattr(obj, name, value)
-        if isinstance(gk, dict) and "max_new_tokens" in gk:
-            gk["max_new_tokens"] = old
+@dataclass
+class GenerationHost:
+    """What two-phase generation takes from whoever drives it (the trainer builds one in
+    `trainer/trl_compat.py`, `generation_host`): the generation backend and a cap on its length, the policy
+    whose hidden states the quality head reads, and the distributed set-up."""
+
+    generate: Callable  # prompt ids -> (completion ids, sampling log-probs or None), one completion per prompt
+    limit_new_tokens: Callable  # n -> a context manager inside which `generate` stops at n new tokens
+    model: torch.nn.Module
+    pad_token_id: int
+    eos_token_ids: Collection[int]
+    device: torch.device
+    batch_size: int  # rows per forward pass of the head's features
+    gradient_checkpointing_kwargs: dict | None
+    collective: bool  # every rank makes the same number of generation calls and forwards
+    num_processes: int
+    is_main: bool
+    main_call: Callable  # fn -> fn() run on the main process, its result (or error) on every rank
 
 
-def _generate(trainer, generate, prompts, n_tokens):
-    with max_new_tokens(trainer, n_tokens):
-        completion_ids, logps = generate(prompts)
+def _generate(host, prompts, n_tokens):
+    with host.limit_new_tokens(n_tokens):
+        completion_ids, logps = host.generate(prompts)
     completion_ids = [list(map(int, c)) for c in completion_ids]
     if logps is not None:
         logps = [[float("nan") if x is None else float(x) for x in lp] for lp in logps]
     return completion_ids, logps
 
 
-def generate_with_pruning(trainer, generate, prompt_ids, n_real, flat_pids, offset, shares):
+def generate_with_pruning(host: GenerationHost, pruner: RolloutPruner, prompt_ids: list, n_real: int,
+                          flat_pids: list[int], offset: int, shares: list[tuple[int, int]]) -> tuple:
     """Two-phase generation of this rank's rows (module docstring). Called on every rank.
 
     prompt_ids: this rank's tokenized prompts (its `n_real` rows, then throwaway padding rows when
     generation is collective; empty when this rank generates nothing); flat_pids: the whole
     request's prompt id per row; offset: index of this rank's first row in the request; shares:
-    (start, stop) row ranges of every rank; generate(prompt_ids) -> (completion ids, log-probs or None) is
-    the trainer's generation backend (`trl_compat.generate`). Returns (completion_ids, sampling_logps or None, pruned)
-    for the `n_real` rows.
+    (start, stop) row ranges of every rank; `host`: the generation backend and the set-up (`GenerationHost`).
+    Returns (completion_ids, sampling_logps or None, pruned) for the `n_real` rows.
     """
-    pruner, L = trainer.pruner, trainer.pruner.detect_length
-    is_main = trainer.accelerator.is_main_process
-    collective = trainer._collective_generation
+    L, is_main, collective = pruner.detect_length, host.is_main, host.collective
     t0 = time.perf_counter()
-    first, logps1 = _generate(trainer, generate, prompt_ids, L) if prompt_ids else ([], None)
+    first, logps1 = _generate(host, prompt_ids, L) if prompt_ids else ([], None)
     gen_s = time.perf_counter() - t0
 
-    eos = set(trainer.eos_token_ids)
+    eos = set(host.eos_token_ids)
     eligible = [i for i in range(n_real) if len(first[i]) >= L and first[i][-1] not in eos]
     t1 = time.perf_counter()
     feats = None
     if pruner.policy.uses_head:
         seqs = [list(prompt_ids[i]) + first[i] for i in eligible]
-        bs = max(1, int(trainer.args.per_device_train_batch_size))
+        bs = max(1, int(host.batch_size))
         n_batches = -(-len(seqs) // bs)
         if collective:
             n_batches = max(gather_object([n_batches]))
         from .quality_head import last_hidden_states
 
-        feats = last_hidden_states(trainer.model, seqs, trainer._tokenizer.pad_token_id, bs,
-                                   trainer.accelerator.device, n_batches, trainer.args.gradient_checkpointing_kwargs)
+        feats = last_hidden_states(host.model, seqs, host.pad_token_id, bs, host.device, n_batches,
+                                   host.gradient_checkpointing_kwargs)
         feats = list(feats.numpy())
     local = [(offset + i, None if feats is None else feats[j]) for j, i in enumerate(eligible)]
-    everything = gather_object(local) if trainer.accelerator.num_processes > 1 else local
+    everything = gather_object(local) if host.num_processes > 1 else local
     rows = [i for i, _ in everything]
     features = None if feats is None else [f for _, f in everything]
-    pruned = set(trainer._main_call(lambda: pruner.decide(np.asarray(flat_pids)[rows], rows, features)))
+    pruned = set(host.main_call(lambda: pruner.decide(np.asarray(flat_pids)[rows], rows, features)))
     score_s = time.perf_counter() - t1
 
     # phase 2: survivors continue from prompt + partial
@@ -359,7 +351,7 @@ def generate_with_pruning(trainer, generate, prompt_ids, n_real, flat_pids, offs
     if most:
         cont = [list(prompt_ids[i]) + first[i] for i in survivors]
         cont += [list(prompt_ids[0]) + first[0]] * (most - len(cont))  # throwaway rows (collective only)
-        second, logps2 = _generate(trainer, generate, cont, pruner.max_completion_length - L)
+        second, logps2 = _generate(host, cont, pruner.max_completion_length - L)
     gen_s += time.perf_counter() - t2
     if is_main:
         pruner.add_time(generation_s=gen_s, scoring_s=score_s)

@@ -28,11 +28,17 @@ allocation decisions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
 import torch
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from trl.models.utils import disable_gradient_checkpointing
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 HEAD_CARD = """---
@@ -82,13 +88,14 @@ class QualityHead(nn.Module, PyTorchModelHubMixin, library_name="trl-alloc",
         return self.net(hidden.to(self.net[0].weight.dtype)).squeeze(-1)
 
     @torch.no_grad()
-    def score(self, model, sequences, pad_id, batch_size=8):
+    def score(self, model: nn.Module, sequences: Iterable[Sequence[int]], pad_id: int,
+              batch_size: int = 8) -> np.ndarray:
         """Logits for token-id sequences (prompt + candidate) of `model`: test-time candidate weighting
         (docs/arrol.md: rank them with `allocation.arrol.rank_weights`, then `weighted_majority_vote`)."""
         return self(last_hidden_states(model, sequences, pad_id, batch_size)).double().numpy()
 
 
-def backbone_of(model):
+def backbone_of(model: nn.Module) -> nn.Module:
     """The decoder stack (no LM head) of a causal LM, a PeftModel around one, or a wrapped module.
 
     LoRA layers live inside the decoder, so a LoRA policy's adapted hidden states come out of it."""
@@ -105,8 +112,9 @@ def backbone_of(model):
 
 
 @torch.no_grad()
-def last_hidden_states(model, sequences, pad_id, batch_size=8, device=None, num_batches=None,
-                       gradient_checkpointing_kwargs=None):
+def last_hidden_states(model: nn.Module, sequences: Iterable[Sequence[int]], pad_id: int, batch_size: int = 8,
+                       device: torch.device | str | None = None, num_batches: int | None = None,
+                       gradient_checkpointing_kwargs: dict | None = None) -> torch.Tensor:
     """Last-layer hidden state at the last token of each token-id list, as a float32 CPU (N, H) tensor.
 
     One forward of the decoder stack per batch (left padding, so position -1 is every row's last

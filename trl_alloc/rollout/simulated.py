@@ -16,9 +16,13 @@ rollouts frozen with their KV cache (a weight push with vLLM's `/pause?mode=keep
 the device, or a synchronous trainer's engine waiting for its step).
 """
 
+from __future__ import annotations
+
 import collections
 import heapq
 import itertools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +35,8 @@ from .streaming import StreamDriver, run_round
 
 
 class SimulatedRollouts:
-    def __init__(self, outcome, max_num_seqs=256, step_s=1.0, seed=0):
+    def __init__(self, outcome: Callable[[Any, np.random.Generator], tuple[float, float]], max_num_seqs: int = 256,
+                 step_s: float | tuple[float, float] = 1.0, seed: int | Sequence[int] = 0) -> None:
         self.outcome, self.slots = outcome, int(max_num_seqs)
         self.step_a, self.step_b = (float(step_s), 0.0) if isinstance(step_s, (int, float)) else map(float, step_s)
         self.rng = np.random.default_rng(seed)
@@ -44,23 +49,24 @@ class SimulatedRollouts:
         self.decode_s = self.paused_s = self.busy_s = 0.0  # busy_s: slot-seconds in which a rollout decoded
 
     @property
-    def clock_s(self):
+    def clock_s(self) -> float:
         return self.decode_s + self.paused_s
 
     @property
-    def idle_fraction(self):
+    def idle_fraction(self) -> float:
         """The share of the engine's slot-seconds in which no rollout decoded (paused time included)."""
         return 1.0 - self.busy_s / max(self.clock_s * self.slots, 1e-12)
 
-    def step_time(self):
+    def step_time(self) -> float:
         """Seconds of one decode step with the rollouts running now."""
         return self.step_a + self.step_b * len(self.running)
 
     @property
-    def in_flight(self):
+    def in_flight(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def submit(self, prompt_ids, n=1, max_tokens=16, tag=None, detect_at=None):
+    def submit(self, prompt_ids: Sequence[int], n: int = 1, max_tokens: int = 16, tag: Any = None,
+               detect_at: int | None = None) -> list[int]:
         rids = []
         for _ in range(int(n)):
             r = Rollout(next(self._ids), tag, list(prompt_ids), int(max_tokens))
@@ -83,7 +89,7 @@ class SimulatedRollouts:
             if at and r.info["length"] > at:
                 heapq.heappush(self._ends, (self.steps + at, 0, r.rid))
 
-    def next_completed(self, timeout=None):
+    def next_completed(self, timeout: float | None = None) -> list[Rollout]:
         """Advance the clock to the next step at which a rollout ends (or reaches its detection point); return
         the rollouts ending then (and the snapshots), or what ended during `run_for` first."""
         if self._ended:
@@ -91,7 +97,7 @@ class SimulatedRollouts:
             return out
         return self._step(None) or []
 
-    def run_for(self, seconds):
+    def run_for(self, seconds: float) -> None:
         """Decode for `seconds` (the trainer trains meanwhile); what ends is handed back by `next_completed`."""
         target = self.decode_s + float(seconds)
         while (out := self._step(target)) is not None:
@@ -102,7 +108,7 @@ class SimulatedRollouts:
         self.busy_s += n * st * len(self.running)
         self.decode_s = target
 
-    def pause_for(self, seconds):
+    def pause_for(self, seconds: float) -> None:
         """Hold the engine for `seconds`: nothing decodes, running rollouts keep their place."""
         self.paused_s += float(seconds)
 
@@ -126,7 +132,8 @@ class SimulatedRollouts:
             if kind == 0 and rid in self.running:
                 r, _ = self.running[rid]
                 at = r.info["detect_at"]
-                out.append(Rollout(rid, r.tag, r.prompt_ids, r.max_tokens, [0] * at, None, "detect", {"detect_at": at}))
+                out.append(Rollout(rid, r.tag, r.prompt_ids, r.max_tokens, [0] * at, None, "detect",
+                                   {"detect_at": at}))
             elif rid in self.running:
                 r, _ = self.running.pop(rid)
                 r.token_ids = [0] * r.info["length"]
@@ -135,7 +142,7 @@ class SimulatedRollouts:
         self._admit()
         return out
 
-    def abort(self, rids):
+    def abort(self, rids: Iterable[int]) -> list[Rollout]:
         """Stop these rollouts; returns them (one that already ended comes back finished, as from vLLM)."""
         out, waiting = [], {w.rid: w for w in self.waiting if w.finish_reason is None}
         ended = {r.rid: r for r in self._ended if r.finish_reason != "detect"}
@@ -158,14 +165,14 @@ class SimulatedRollouts:
         self._admit()
         return out
 
-    def close(self):
+    def close(self) -> None:
         self._ended.clear()
         self.waiting.clear()
         self.running.clear()
         self._ends.clear()
 
 
-def simulate_engine(method, mode, args, rounds, prune_keep=None):
+def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: float | None = None) -> dict:
     """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model, with the trainer in
     the loop. `mode`: "sync" (each filler call submitted whole and decided when its last rollout ends),
     "events" (one `RoundDriver` per round) or "stream" (one `StreamDriver` across rounds: carry-over, the next

@@ -21,17 +21,28 @@ same rollouts as in the batched two-phase path; `snapshot.info["cohort"]` names 
 `snapshot.info["ended"]` marks one that ended while its cohort was incomplete (it can no longer be pruned).
 """
 
+from __future__ import annotations
+
 import itertools
 import math
 import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..allocation.allocator import Allocator
+    from ..allocation.event_rounds import BatchedEventRound, EventRound
+    from .events import Rollout
 
 
 class RoundDriver:
-    """Runs one event round. `allocator`: an `AllocationEngine` whose round was started with `events=True`,
+    """Runs one event round. `allocator`: an `Allocator` whose round was started with `events=True`,
     or an event round itself (both have `submissions`, `observe_rollouts`, `done`)."""
 
-    def __init__(self, allocator, rollouts, prompt_ids_of, max_tokens, max_inflight=None, timeout=None,
-                 detect_at=None, on_detect=None):
+    def __init__(self, allocator: Allocator | EventRound | BatchedEventRound | None, rollouts: Any,
+                 prompt_ids_of: Callable[[int], Sequence[int]], max_tokens: int, max_inflight: int | None = None,
+                 timeout: float | None = None, detect_at: int | None = None,
+                 on_detect: Callable[[list[Rollout]], Iterable[int]] | None = None) -> None:
         self.allocator, self.rollouts, self.prompt_ids_of = allocator, rollouts, prompt_ids_of
         # in-stream pruning: `on_detect(snapshots)` -> rollout ids to prune, for rollouts at `detect_at` tokens
         self.detect_at, self.on_detect, self.pruned = detect_at, on_detect, set()
@@ -68,7 +79,7 @@ class RoundDriver:
     def _submitted(self, pid, rids):
         pass
 
-    def poll(self):
+    def poll(self) -> list[Rollout] | None:
         """Start what the allocator asks for, then return the rollouts that have ended (blocking until one
         has); None once the round is done and nothing is in flight."""
         if not self._done():
@@ -127,7 +138,7 @@ class RoundDriver:
                 out.append(r)
         return out
 
-    def observe(self, rows):
+    def observe(self, rows: Sequence[dict]) -> None:
         """The rows of the last `poll`'s rollouts, in its order; aborts what the allocator no longer wants."""
         self._book(rows)
         cancelled = set(self.allocator.observe_rollouts(rows))
@@ -139,7 +150,7 @@ class RoundDriver:
                 self.live.pop(r.rid, None)
                 self._held.append(r)
 
-    def run(self, success):
+    def run(self, success: Callable[[Rollout], float]) -> RoundDriver:
         """Poll until the round is done, scoring each ended rollout with `success(rollout)` -> 1.0, 0.0 or NaN
         (an aborted one: NaN); returns the driver."""
         while (batch := self.poll()) is not None:
@@ -187,8 +198,10 @@ class StreamDriver(RoundDriver):
     policy that trains it. Every started rollout ends exactly once: `spent` = ended + in flight, always.
     """
 
-    def __init__(self, rollouts, prompt_ids_of, max_tokens, max_inflight=None, timeout=None, max_staleness=1,
-                 detect_at=None, on_detect=None, on_observe=None):
+    def __init__(self, rollouts: Any, prompt_ids_of: Callable[[int], Sequence[int]], max_tokens: int,
+                 max_inflight: int | None = None, timeout: float | None = None, max_staleness: int = 1,
+                 detect_at: int | None = None, on_detect: Callable[[list[Rollout]], Iterable[int]] | None = None,
+                 on_observe: Callable[[list[dict]], Any] | None = None) -> None:
         """`on_observe(rows)`: also told every observed batch (a stream's event rounds are fed directly, so the
         pruner that learns from ended rollouts, which an events round's engine feeds, is fed here)."""
         super().__init__(None, rollouts, prompt_ids_of, max_tokens, max_inflight, timeout, detect_at, on_detect)
@@ -208,7 +221,7 @@ class StreamDriver(RoundDriver):
         self.group_version.setdefault(pid, self.version)
         self.started_at.update(dict.fromkeys(rids, self.version))
 
-    def start(self, allocator):
+    def start(self, allocator: EventRound) -> None:
         """Open the next round: an event round started with `carry=driver.carry`; the rows that ended after the
         last close are replayed into it, then its first submissions start."""
         self.allocator, self.trained, self._closed = allocator, [], False
@@ -218,11 +231,11 @@ class StreamDriver(RoundDriver):
         if not self._closed and not self._done():
             self._refill()
 
-    def push(self):
+    def push(self) -> None:
         """The engine now generates with the next policy version (call after each weight push)."""
         self.version += 1
 
-    def poll(self):
+    def poll(self) -> list[Rollout] | None:
         if self._closed:
             return None
         while not self._done():
@@ -256,7 +269,7 @@ class StreamDriver(RoundDriver):
         self.aborted += int(not pruned)
         self.ended_count += 1
 
-    def observe(self, rows):
+    def observe(self, rows: Sequence[dict]) -> None:
         self._book(rows)
         self.ended_count += len(rows)
         for row in rows:
@@ -304,11 +317,12 @@ class StreamDriver(RoundDriver):
         keep = set(self.live) | {row["rid"] for rows in self.held.values() for row in rows}
         self.started_at = {rid: v for rid, v in self.started_at.items() if rid in keep}
 
-    def finish(self):
+    def finish(self) -> list[Rollout]:
         """End the stream: abort what is still running (spent by the rounds that started it); returns them."""
         out = self.rollouts.abort(list(self.live)) if self.live else []
         while len(out) < len(self.live):  # ended before the abort reached them: already handed back
-            batch = [r for r in self.rollouts.next_completed(timeout=self.timeout or 60) if r.finish_reason != "detect"]
+            batch = [r for r in self.rollouts.next_completed(timeout=self.timeout or 60)
+                     if r.finish_reason != "detect"]
             if not batch:
                 break
             out += [r for r in batch if r.rid in self.live]
@@ -317,13 +331,14 @@ class StreamDriver(RoundDriver):
             self.events.append(("abort", r.tag, r.rid))
             self.tokens += len(r.token_ids)
             self.ended_count += 1
-        self.dropped_at_end = len(out)
         self.carry, self.held = {}, {}
         return out
 
 
-def run_round(allocator, rollouts, prompt_ids_of, success, max_tokens, max_inflight=None, timeout=None,
-              detect_at=None, on_detect=None):
+def run_round(allocator: Allocator | EventRound | BatchedEventRound, rollouts: Any,
+              prompt_ids_of: Callable[[int], Sequence[int]], success: Callable[[Rollout], float], max_tokens: int,
+              max_inflight: int | None = None, timeout: float | None = None, detect_at: int | None = None,
+              on_detect: Callable[[list[Rollout]], Iterable[int]] | None = None) -> RoundDriver:
     """Run a whole event round with `success(rollout)` -> 1.0, 0.0 or NaN as the score; returns the driver
     (its `ended` rollouts, `events`, `spent`, `tokens`, `aborted`, `pruned`)."""
     driver = RoundDriver(allocator, rollouts, prompt_ids_of, max_tokens, max_inflight, timeout, detect_at, on_detect)

@@ -321,7 +321,8 @@ class AllocVLLMClient(WeightSyncMixin, VLLMClient):
                 return ", ".join(f"{k}={sig.get(k)}" for k in diff)
             raise ValueError(f"The vLLM server at {self.base_url} serves another model than the trainer trains: the "
                              f"server's has {show(served)}, the trainer's {show(mine)}. Start the server with the "
-                             f"trainer's model (trl-alloc-serve --model {getattr(config, '_name_or_path', '') or 'DIR'}).")
+                             "trainer's model (trl-alloc-serve --model "
+                             f"{getattr(config, '_name_or_path', '') or 'DIR'}).")
 
     def weights_checksum(self) -> dict:
         """The worker extension's report: ``last_push_checksum``, ``num_pushes``, ``head_follows_embedding``."""

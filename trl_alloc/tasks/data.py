@@ -140,8 +140,8 @@ def check_prompt_lengths(prompts, tokenize, max_completion_length, positions, ca
     row, longest = max(zip(order, lengths), key=lambda x: x[1])
     if longest + max_completion_length > positions:
         raise ValueError(f"prompt row {row} is {longest} tokens: with max_completion_length={max_completion_length} "
-                         f"that exceeds the model's {positions} positions (max_position_embeddings); remove or shorten "
-                         "the long prompts, or lower max_completion_length.")
+                         f"that exceeds the model's {positions} positions (max_position_embeddings); remove or "
+                         "shorten the long prompts, or lower max_completion_length.")
 
 
 def _rows(rows, most=5):

@@ -1,6 +1,6 @@
 """The TRL adapter layer: `AllocGRPOTrainer` / `AllocDAPOTrainer` (grpo.py) and their configs (config.py).
 
-The trainer drives the allocation engine (`trl_alloc.allocation.engine`) from TRL's sampling step;
+The trainer drives the allocator (`trl_alloc.allocation.allocator`) from TRL's sampling step;
 everything TRL-private it touches goes through `trl_compat.py`.
 """
 

@@ -1,9 +1,9 @@
-"""Checkpoints of an AllocGRPOTrainer: the allocation engine's state next to TRL's, written atomically,
+"""Checkpoints of an AllocGRPOTrainer: the allocator's state next to TRL's, written atomically,
 read with errors that name the file.
 
 A checkpoint folder is written under a temporary name and renamed into place once whole, so the
 newest `checkpoint-N` is always complete; a save that fails (a full disk) removes its partial
-folder and says which checkpoint is intact. A round that fails rolls the engine back to the round's
+folder and says which checkpoint is intact. A round that fails rolls the allocator back to the round's
 start and saves what is trained (the rescue checkpoint).
 """
 
@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 
-from ..allocation.engine import json_default
+from ..allocation.allocator import json_default
 
 ALLOCATION_STATE_NAME = "allocation_state.json"
 
@@ -97,7 +97,7 @@ def disk_full_error(exc, folder, intact):
 
 
 class CheckpointMixin:
-    """The engine's state in every checkpoint and final save; atomic checkpoint folders; resume."""
+    """The allocator's state in every checkpoint and final save; atomic checkpoint folders; resume."""
 
     def run_plan(self):
         """What fixes this run's plan; a checkpoint of another plan is refused (`engine.PLAN_FIELDS`)."""
@@ -113,12 +113,12 @@ class CheckpointMixin:
         last close (the next round is already open), with what became of the rollouts then in flight."""
         note = self.stream_note()
         if note is None:
-            return self.engine.state_dict()
+            return self.allocator.state_dict()
         return {**self._stream_state, "stream": note}
 
     def load_allocation_state(self, state, path=ALLOCATION_STATE_NAME, check=True):
         self._end_stream()
-        self.engine.load_state_dict(state, where=path, check_plan=check)
+        self.allocator.load_state_dict(state, where=path, check_plan=check)
         note = state.get("stream")
         if note and note.get("in_flight") and self.accelerator.is_main_process:
             print(f"[trl-alloc] {path}: {note['in_flight']} rollouts were in flight and {note['open_groups']} groups "
@@ -129,7 +129,7 @@ class CheckpointMixin:
         rescue checkpoint; without checkpoints there is nothing to roll back for)."""
         if not self.accelerator.is_main_process or self.args.save_strategy == "no":
             return None
-        return self.allocation_state() if self.stream_note() is not None else self.engine.snapshot()
+        return self.allocation_state() if self.stream_note() is not None else self.allocator.snapshot()
 
     def _rescue_checkpoint(self, start_state=None):
         """A round failed (e.g. dynamic sampling hit its cap): roll the allocator back to the round's
@@ -148,11 +148,11 @@ class CheckpointMixin:
         """`output_dir/allocation/summary.json` and PNG plots of the run's allocation; returns the summary."""
         from ..reporting.plots import write_allocation_report
 
-        extra = self.engine.report()
+        extra = self.allocator.report()
         budget = extra.pop("budget")
         calibration = self.pruner.calibration_curve() if self.pruner is not None else None
-        return write_allocation_report(self.args.output_dir, self.engine.history, self.engine.exposure, budget, extra,
-                                       calibration=calibration)
+        return write_allocation_report(self.args.output_dir, self.allocator.history, self.allocator.exposure, budget,
+                                       extra, calibration=calibration)
 
     def save_model(self, output_dir=None, _internal_call=False):
         """TRL's save, plus `allocation_state.json` next to the weights (checkpoints and final saves)."""
@@ -208,8 +208,8 @@ class CheckpointMixin:
             self.pruner.save_optimizer(output_dir)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
-                   "adapter_model.safetensors", "adapter_model.bin")
+        weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                   "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
         if not (self.is_deepspeed_enabled or self.is_fsdp_enabled) and not any(
                 os.path.isfile(os.path.join(resume_from_checkpoint, name)) for name in weights):
             raise FileNotFoundError(f"{resume_from_checkpoint} has no model weights (model.safetensors or "

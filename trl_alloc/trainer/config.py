@@ -5,8 +5,10 @@ the sampling pipeline; the rest are the stages' hyperparameters (CERO arXiv 2610
 Verdicts, Better Budgets", ARROL arXiv 2603.24840, and the baselines of docs/allocation.md).
 """
 
+import dataclasses
 import json
 import numbers
+import textwrap
 from dataclasses import dataclass, field
 
 import torch
@@ -168,8 +170,8 @@ class AllocGRPOConfig(GRPOConfig):
             if getattr(self, name, None) is False:
                 setattr(self, name, "no")
         if isinstance(self.max_completion_length, int) and self.max_completion_length < 1:
-            raise ValueError(f"`max_completion_length` must be >= 1, got {self.max_completion_length}: a response needs "
-                             "at least one token.")
+            raise ValueError(f"`max_completion_length` must be >= 1, got {self.max_completion_length}: a response "
+                             "needs at least one token.")
         super().__post_init__()
         for stage in ("pacing", "filling", "pruning"):
             method_class(stage, getattr(self, stage))  # an unknown name lists the registered ones
@@ -185,8 +187,9 @@ class AllocGRPOConfig(GRPOConfig):
         self._check_types()
         if self.steps_per_generation % self.gradient_accumulation_steps:
             raise ValueError(
-                f"a round is a whole number of optimizer steps, so `steps_per_generation` ({self.steps_per_generation}) "
-                f"must be a multiple of `gradient_accumulation_steps` ({self.gradient_accumulation_steps}).")
+                f"a round is a whole number of optimizer steps, so `steps_per_generation` "
+                f"({self.steps_per_generation}) must be a multiple of `gradient_accumulation_steps` "
+                f"({self.gradient_accumulation_steps}).")
         k = self.num_generations
         if self.commit_min is None:
             self.commit_min = k
@@ -247,8 +250,8 @@ class AllocGRPOConfig(GRPOConfig):
                              f"{self.max_units}); raise it to at least {self.max_units}.")
         if self.num_rounds is not None and self.max_steps > self.num_rounds * self.steps_per_round:
             raise ValueError(f"`max_steps` ({self.max_steps}) is more optimizer steps than `num_rounds` "
-                             f"({self.num_rounds}) rounds of {self.steps_per_round} step(s) take; raise `num_rounds` or "
-                             "lower `max_steps` (a smaller max_steps stops the run early).")
+                             f"({self.num_rounds}) rounds of {self.steps_per_round} step(s) take; raise `num_rounds` "
+                             "or lower `max_steps` (a smaller max_steps stops the run early).")
         if self.num_rounds is not None:
             self.check_budget(self.num_rounds)
 
@@ -361,6 +364,47 @@ class AllocGRPOConfig(GRPOConfig):
                 + f" / `{self.pacer_class.round_limit_field}`.")
 
 
+# The `Parameters:` block of the configs' docstrings, grouped as GRPOConfig's is, rendered from the fields' `help`
+# (one text per field: `--help`, the docstring and the docs read the same words).
+PARAMETER_GROUPS = {
+    "Stages of the sampling pipeline (allocation.registry)": (
+        "pacing", "filling", "pruning", "pacing_kwargs", "filling_kwargs"),
+    "Budget and rounds": ("rollout_budget", "num_rounds", "prompts_per_round", "success_reward_funcs",
+                          "success_threshold", "no_signal_warning_rounds", "allocation_seed"),
+    "CERO (arXiv 2610.09679) and the pacing baselines": (
+        "unit_size", "max_units", "round_capacity", "saturation", "forgetting", "prior_alpha", "prior_beta",
+        "init_price", "step_size", "catch_up", "random_matched_reference", "knapsack_min_n", "knapsack_max_n"),
+    "SARA (\"Early Verdicts, Better Budgets\") and DAPO's dynamic sampling": (
+        "target_groups", "probe", "tau_low", "commit_min", "sara_safety_factor", "history_decay",
+        "max_generation_batches"),
+    "Rollouts: deterministic, event-driven or one stream across rounds": (
+        "rollout_mode", "max_staleness", "rollout_max_inflight", "sara_overcommit"),
+    "ARROL (arXiv 2603.24840)": (
+        "detect_length", "prune_undecided", "keep_ratio", "target_ratio", "survival_slope", "survival_min",
+        "survival_max", "cold_start_steps", "head_hidden_size", "head_learning_rate", "calibration_bins",
+        "calibration_buffer", "calibration_alpha"),
+}
+
+
+def parameters_doc(cls, groups):
+    """TRL's `Parameters:` docstring block for `cls`'s fields named in `groups` ({title: field names})."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    lines = ["", "    Parameters:"]
+    for title, names in groups.items():
+        lines += [f"        > {title}", ""]
+        for name in names:
+            f = fields[name]
+            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+            default = "" if f.default is None else f", defaults to `{f.default!r}`"
+            lines.append(f"        {name} (`{kind}`, *optional*{default}):")
+            lines += [f"            {line}" for line in textwrap.wrap(f.metadata.get("help", ""), 105)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+AllocGRPOConfig.__doc__ += parameters_doc(AllocGRPOConfig, PARAMETER_GROUPS)
+
+
 @dataclass
 class AllocDAPOConfig(AllocGRPOConfig):
     r"""AllocGRPOConfig with DAPO's defaults: clip-higher (ε_low 0.2, ε_high 0.28), token-level loss
@@ -376,8 +420,8 @@ class AllocDAPOConfig(AllocGRPOConfig):
     epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clipping ε_high (clip-higher)."})
     loss_type: str = field(default="dapo", metadata={"help": "Token-level loss normalisation (DAPO)."})
     overlong_buffer: int | None = field(default=None, metadata={
-        "help": "Overlong reward shaping: the penalty ramps from 0 to −1 over the last `overlong_buffer` tokens before "
-        "max_completion_length. None = max_completion_length // 5 (DAPO: 4096 of 20480); 0 disables it."})
+        "help": "Overlong reward shaping: the penalty ramps from 0 to −1 over the last `overlong_buffer` tokens "
+        "before max_completion_length. None = max_completion_length // 5 (DAPO: 4096 of 20480); 0 disables it."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -387,6 +431,11 @@ class AllocDAPOConfig(AllocGRPOConfig):
         if self.overlong_buffer < 0 or (cap and self.overlong_buffer > cap):
             raise ValueError(f"`overlong_buffer` ({self.overlong_buffer}) must lie in [0, max_completion_length "
                              f"({self.max_completion_length})].")
+
+
+AllocDAPOConfig.__doc__ += parameters_doc(AllocDAPOConfig, {  # the rest: AllocGRPOConfig's
+    "DAPO's defaults (arXiv 2503.14476)": ("pacing", "filling", "epsilon", "epsilon_high", "loss_type",
+                                           "overlong_buffer")})
 
 
 def _as_kwargs(name, value):

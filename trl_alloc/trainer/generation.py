@@ -11,7 +11,7 @@ from trl.data_utils import is_conversational
 
 from ..allocation.base import is_success
 from ..rollout.pruning import generate_with_pruning
-from .trl_compat import calculate_rewards, generate, take_extra_columns, tokenize_prompts
+from .trl_compat import calculate_rewards, generate, generation_host, take_extra_columns, tokenize_prompts
 
 
 class RequestGenerationMixin:
@@ -39,7 +39,8 @@ class RequestGenerationMixin:
             tokenized = tokenize_prompts(self, [examples[pid]["prompt"] for pid in gen]) if gen else []
             shares = [(r * share, min((r + 1) * share, flat.size)) for r in range(world)]
             completion_ids, logprobs, pruned = generate_with_pruning(
-                self, lambda p: generate(self, p), tokenized, len(local), flat.tolist(), rank * share, shares)
+                generation_host(self, self._collective_generation), self.pruner, tokenized, len(local),
+                flat.tolist(), rank * share, shares)
             prompt_tok = [list(map(int, p)) for p in tokenized[:len(local)]]
         elif gen:
             prompts = [examples[pid]["prompt"] for pid in gen]
@@ -48,7 +49,8 @@ class RequestGenerationMixin:
             completion_ids = [list(map(int, c)) for c in completion_ids[:len(local)]]
             prompt_tok = [list(map(int, p)) for p in tokenized[:len(local)]]
             if sampling_logps is not None:  # vLLM: kept for the importance-sampling correction
-                logprobs = [[float("nan") if x is None else float(x) for x in lp] for lp in sampling_logps[:len(local)]]
+                logprobs = [[float("nan") if x is None else float(x) for x in lp]
+                            for lp in sampling_logps[:len(local)]]
         return self._score_share(flat, share, local, examples, prompt_tok, completion_ids, logprobs, pruned)
 
     def _score_rollouts(self, rollouts):

@@ -3,10 +3,10 @@
 Only the sampling step changes. One scheduler round collects one generation batch (and takes
 `steps_per_round` optimizer steps on it, one by default):
 
-    engine.start_round()                          # allocation.engine.AllocationEngine
-    while (request := engine.next_request()):     # generate with TRL's generation path, score with
-        engine.observe(rows, request)             # TRL's reward functions (generation.py)
-    engine.finish_round(); engine.record_round(...)
+    allocator.start_round()                       # allocation.allocator.Allocator
+    while (request := allocator.next_request()):  # generate with TRL's generation path, score with
+        allocator.observe(rows, request)          # TRL's reward functions (generation.py)
+    allocator.finish_round(); allocator.record_round(...)
 
 or, with `rollout_mode="events"`, the rollouts of the round are started within a window and decided on one
 at a time as they end (streaming.py).
@@ -16,7 +16,7 @@ by its own size. The allocators see each response's success (`success_reward_fun
 `success_threshold`, NaN when no reward function could score it). The loss, optimizer, logging and
 saving are TRL's.
 
-Distributed contract: the engine is driven on the main process only; every request and the
+Distributed contract: the allocator is driven on the main process only; every request and the
 round's summary are broadcast, so all ranks act on identical decisions (the engines of other ranks
 are built but only `record_round` advances them, from the broadcast summary). The round log
 (`output_dir/allocation/rounds.jsonl`, one line per round) is written by the main process; an event round's
@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from ..allocation.engine import AllocationEngine, round_log_file
+from ..allocation.allocator import Allocator, round_log_file
 from ..allocation.factory import resolve_num_rounds
 from ..reporting.hub import HubMixin
 from ..rollout.pruning import build_pruner
@@ -49,6 +49,7 @@ from .generation import RequestGenerationMixin
 from .inputs import check_inputs, checked_reward_funcs, warn_missing_reward_columns
 from .loss_batch import LossBatchMixin
 from .metrics import RoundMetricsMixin
+from .round_state import RoundState
 from .streaming import EventRoundMixin, StreamRoundMixin
 from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_vllm_client, tokenize_prompts, train_metrics,
                          use_inplace_colocate_push)
@@ -86,7 +87,7 @@ class _AllocationCallback(TrainerCallback):
                     group["lr"] = lr
             t._saved_lrs = None
         round_done = state.global_step % t.steps_per_round == 0  # the round's later steps still train
-        if t.engine.budget_exhausted and round_done and state.global_step < state.max_steps:
+        if t.allocator.budget_exhausted and round_done and state.global_step < state.max_steps:
             control.should_training_stop = True
             control.should_log = True
             if args.save_strategy != "no":
@@ -96,7 +97,7 @@ class _AllocationCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         t = self.trainer
         t._end_stream()  # stream mode: what still runs is aborted (spent, never trained)
-        if t.accelerator.is_main_process and t.engine.history and t._rounds_this_session:
+        if t.accelerator.is_main_process and t.allocator.history and t._rounds_this_session:
             t.allocation_summary = t.write_allocation_report()
 
 
@@ -106,7 +107,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
 
     Takes GRPOTrainer's arguments; `args` must be an `AllocGRPOConfig` and `train_dataset` an indexable
     `datasets.Dataset` (the prompt pool). `tools`, `rollout_func` and `environment_factory` are not supported.
-    The allocation itself lives in `self.engine` (`allocation.engine.AllocationEngine`); the mixins hold
+    The allocation itself lives in `self.allocator` (`allocation.allocator.Allocator`); the mixins hold
     generation (generation.py), the loss batch (loss_batch.py), metrics (metrics.py) and checkpoints.
     """
 
@@ -137,7 +138,8 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             raise ValueError(f"{type(self).__name__} supports text prompts only.")
         check_prompt_lengths(train_dataset["prompt"], lambda prompts: tokenize_prompts(self, prompts),
                              args.max_completion_length,
-                             getattr(self.accelerator.unwrap_model(self.model).config, "max_position_embeddings", None))
+                             getattr(self.accelerator.unwrap_model(self.model).config,
+                                     "max_position_embeddings", None))
         self._rollout_mode_notice()
         if server_mode and self.accelerator.is_main_process:  # before the first push: the same architecture?
             self.vllm_generation.vllm_client.check_serves(self.accelerator.unwrap_model(self.model).config)
@@ -162,28 +164,28 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         self.success_funcs = self._success_func_indices(args)
         warn_missing_reward_columns(self.reward_funcs, self.reward_func_names, train_dataset)
         world = self.accelerator.num_processes
+        self.round_start_hooks = []  # callables run at the start of every round (benchmarks' per-round records)
         self._collective_generation = world > 1 and (self.use_vllm or is_zero3(self) or self.is_fsdp_enabled)
-        # the allocation engine: pacer, filler, pruner (ARROL / random pruning, arXiv 2603.24840; None for 'none')
-        self.engine = AllocationEngine.from_config(args, num_prompts, self.num_rounds, plan=self.run_plan,
-                                                   pruner=build_pruner(self))
+        # the allocator: pacer, filler, pruner (ARROL / random pruning, arXiv 2603.24840; None for 'none')
+        self.allocator = Allocator.from_config(args, num_prompts, self.num_rounds, plan=self.run_plan,
+                                                   pruner=build_pruner(args, self.model.config))
         if self.accelerator.is_main_process:  # the round log is written by the main process only
-            self.engine.round_log_path = self.round_log_path
+            self.allocator.round_log_path = self.round_log_path
         self._rounds_this_session = 0
         self._saved_lrs = None
-        self._round_empty = False
-        self._allocator_s = 0.0
+        self.round_state = RoundState()  # what the last round left for the loss and the logs (round_state.py)
         self.add_callback(_AllocationCallback(self))
 
     @property
     def round_log_path(self):
         """The round log the main process writes, one JSON line per round: `output_dir/allocation/rounds.jsonl`
-        (`allocation.engine.read_round_log` reads it)."""
+        (`allocation.allocator.read_round_log` reads it)."""
         return round_log_file(self.args.output_dir)
 
     @property
     def pruner(self):
-        """The engine's rollout pruner (`rollout.pruning.RolloutPruner`), or None."""
-        return self.engine.pruner
+        """The allocator's rollout pruner (`rollout.pruning.RolloutPruner`), or None."""
+        return self.allocator.pruner
 
     @staticmethod
     def _extra_reward_funcs(args, reward_funcs):
@@ -219,7 +221,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             except Exception:
                 self._rescue_checkpoint(start)
                 raise
-        if self._round_empty and self._step % self.args.gradient_accumulation_steps == 0:
+        if self.round_state.empty and self._step % self.args.gradient_accumulation_steps == 0:
             self._zero_lr()  # every optimizer step of an empty round
         return self._buffered_inputs[self._step % split]
 
@@ -264,10 +266,10 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         try:
             yield
         finally:
-            self._allocator_s += time.perf_counter() - t0
+            self.round_state.allocator_s += time.perf_counter() - t0
 
-    def _allocator(self, method, *args):
-        """One engine call: on the main process only, timed there, its result (or error) shared with every rank."""
+    def _allocate(self, method, *args):
+        """One allocator call: on the main process only, timed there, its result (or error) shared with every rank."""
         def timed():
             with self._allocator_clock():
                 return method(*args)
@@ -276,34 +278,37 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
     def _run_round(self):
         """Run one scheduler round (module docstring) and return `steps_per_generation` local micro-batches."""
         t_round = time.perf_counter()
-        self._allocator_s = 0.0
-        engine = self.engine
+        for hook in self.round_start_hooks:
+            hook()
+        self.round_state.allocator_s = 0.0
+        allocator = self.allocator
         mode = self.args.rollout_mode
         if mode == "stream":  # one stream across rounds: carry-over, the next round runs while this one trains
             rows, trained, summary, admitted, log = self._run_stream_round()
             requests = []
         else:
-            admitted = self._allocator(engine.start_round, mode == "events")
+            admitted = self._allocate(allocator.start_round, mode == "events")
             rows, requests, log = [], [], None
         if mode == "events":  # rollouts started within a window, decided on as they end (streaming.py)
             rows, log = self._run_event_round()
-        while mode == "deterministic" and (request := self._allocator(engine.next_request)) is not None:
+        while mode == "deterministic" and (request := self._allocate(allocator.next_request)) is not None:
             requests.append(request)
             new = self._generate_and_score_request(*request)
             rows.extend(new)
-            self._allocator(engine.observe, new, request)
+            self._allocate(allocator.observe, new, request)
         if mode != "stream":
-            summary = self._allocator(engine.finish_round)
+            summary = self._allocate(allocator.finish_round)
             trained = rows
         batches = self._build_loss_batches(trained, summary["groups"])
-        entry = engine.record_round(summary, rows, admitted, requests, len(self._round_loss_rows), self._allocator_s,
+        state = self.round_state
+        entry = allocator.record_round(summary, rows, admitted, requests, len(state.loss_rows), state.allocator_s,
                                     time.perf_counter() - t_round, events=None if log is None else log.get("events"),
                                     responses=summary["stats"]["responses"] if mode == "stream" else None)
-        entry["flat_groups"] = self._round_flat_groups  # mixed by success, but a constant training reward
+        entry["flat_groups"] = state.flat_groups  # mixed by success, but a constant training reward
         if log is not None:
             entry["engine_wait_s"] = round(log["waited_s"], 6)
         if mode == "stream":
-            staleness = [r["staleness"] for r in self._round_loss_rows]
+            staleness = [r["staleness"] for r in self.round_state.loss_rows]
             entry.update(carried=log["carried"], stale_aborted=log["stale_aborted"], in_flight=log["in_flight"],
                          staleness_max=max(staleness, default=0),
                          staleness_mean=round(sum(staleness) / len(staleness), 6) if staleness else 0.0)
@@ -314,7 +319,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
 
     # ------------------------------------------------------------------ empty rounds
     def _compute_loss(self, model, inputs):
-        if not (self.model.training and self._round_empty):
+        if not (self.model.training and self.round_state.empty):
             return super()._compute_loss(model, inputs)
         # An empty round: the zero loss still runs (collectives), but its metrics would only log zeros.
         metrics = train_metrics(self)

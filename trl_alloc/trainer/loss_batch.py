@@ -26,9 +26,9 @@ class LossBatchMixin:
         groups = [g for g in dict.fromkeys(groups) if by_pid[g]]
         loss_rows = [rows[i] for g in groups for i in by_pid[g]]
         sizes = [len(by_pid[g]) for g in groups]
-        self._round_loss_rows, self._round_zero_std, self._round_sampling = loss_rows, None, {}
-        self._round_flat_groups = 0  # groups mixed by the success signal whose training reward does not vary
-        self._round_empty = not loss_rows
+        state = self.round_state
+        state.loss_rows, state.zero_std, state.sampling, state.flat_groups = loss_rows, None, {}, 0
+        state.empty = not loss_rows
         split = self.args.steps_per_generation
         if not loss_rows:
             return [self._collate([], torch.zeros(0), 1) for _ in range(split)]
@@ -36,10 +36,9 @@ class LossBatchMixin:
         group_index = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
         advantages, zero_std = group_advantages(rewards, group_index, self.reward_weights.cpu(),
                                                 self.multi_objective_aggregation, self.scale_rewards)
-        self._round_advantages, self._round_zero_std = advantages, zero_std
+        state.advantages, state.zero_std = advantages, zero_std
         success = [{s for i in by_pid[g] if (s := float(rows[i].get("success", "nan"))) == s} for g in groups]
-        self._round_flat_groups = sum(len(s) > 1 and bool(z.all())
-                                      for s, z in zip(success, torch.split(zero_std, sizes)))
+        state.flat_groups = sum(len(s) > 1 and bool(z.all()) for s, z in zip(success, torch.split(zero_std, sizes)))
         eos_and_pad = {*self.eos_token_ids, self._tokenizer.pad_token_id}
         keep = [not (self.mask_truncated_completions and (not r["completion_ids"] or r["completion_ids"][-1]
                                                           not in eos_and_pad)) for r in loss_rows]
@@ -53,7 +52,7 @@ class LossBatchMixin:
             part = part.tolist()
             batches.append(self._collate([loss_rows[i] for i in part], advantages[part], num_items,
                                          [keep[i] for i in part]))
-        self._round_sampling = _sampling_stats(batches)
+        state.sampling = _sampling_stats(batches)
         return batches
 
     def _collate(self, rows, advantages, num_items, keep=None):

@@ -18,7 +18,7 @@ class RoundMetricsMixin:
 
     def _log_round(self, rows, summary, entry):
         m = train_metrics(self)
-        stats, counters = summary["stats"], self.engine.counters
+        stats, counters = summary["stats"], self.allocator.counters
         self.state.num_input_tokens_seen += sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
         m["num_tokens"] = [self.state.num_input_tokens_seen]
         for key, value in {
@@ -42,7 +42,7 @@ class RoundMetricsMixin:
         for key in ("carried", "stale_aborted", "in_flight", "staleness_mean", "staleness_max"):  # stream mode
             if key in entry:
                 m[f"alloc/{key}"].append(float(entry[key]))
-        for key, value in getattr(self, "_round_sampling", {}).items():  # TRL's names
+        for key, value in self.round_state.sampling.items():  # TRL's names
             m[key].append(value)
         for key in sorted(set(stats) - set(BASE_STATS)):  # e.g. SARA's mean_rollouts_to_decide
             m[f"alloc/{self.args.filling}/{key}"].append(float(stats[key]))
@@ -80,15 +80,16 @@ class RoundMetricsMixin:
         reward = torch.tensor([r["reward"] for r in rows])
         m["reward"].append(torch.nanmean(reward).item())
         m["reward_std"].append(nanstd(reward).item())
-        if self._round_zero_std is None:
+        state = self.round_state
+        if state.zero_std is None:
             return
-        m["frac_reward_zero_std"].append(self._round_zero_std.float().mean().item())
-        logs, loss_rows = completion_log(self), self._round_loss_rows
+        m["frac_reward_zero_std"].append(state.zero_std.float().mean().item())
+        logs, loss_rows = completion_log(self), state.loss_rows
         logs["prompt"].extend(self.train_dataset[[r["pid"] for r in loss_rows]]["prompt"])
         logs["completion"].extend(r["completion"] for r in loss_rows)
         for i, name in enumerate(self.reward_func_names):
             logs["rewards"][name].extend(float(r["rewards"][i]) for r in loss_rows)
-        logs["advantages"].extend(self._round_advantages.tolist())
+        logs["advantages"].extend(state.advantages.tolist())
         for column in sorted({c for r in loss_rows for c in r["extra"]}):
             logs["extra"][column].extend(r["extra"].get(column) for r in loss_rows)
 
@@ -116,9 +117,9 @@ class RoundMetricsMixin:
     def _warn_without_signal(self, rows):
         """After `no_signal_warning_rounds` rounds in a row without a mixed group, or at the end of a shorter run that
         never had one: warn, naming the likely cause."""
-        streak, limit = self.engine.signal_streak, self.args.no_signal_warning_rounds
-        last = self.engine.pacer.finished or self._stream_rounds_left() <= 0
-        short_run = last and streak < limit and streak == self.engine.counters["rounds"]
+        streak, limit = self.allocator.signal_streak, self.args.no_signal_warning_rounds
+        last = self.allocator.pacer.finished or self._stream_rounds_left() <= 0
+        short_run = last and streak < limit and streak == self.allocator.counters["rounds"]
         if not (streak == limit or short_run) or not self.accelerator.is_main_process:
             return
         success = np.array([r["success"] for r in rows if not r.get("pruned")], dtype=float)
@@ -126,8 +127,8 @@ class RoundMetricsMixin:
         scored = success[~np.isnan(success)]
         names = [self.reward_func_names[i] for i in self.success_funcs]
         if not len(rows):
-            cause = (f"no response was generated (responses left in the budget: {int(self.engine.pacer.remaining_responses)}); "
-                     "raise `rollout_budget`")
+            cause = ("no response was generated (responses left in the budget: "
+                     f"{int(self.allocator.pacer.remaining_responses)}); raise `rollout_budget`")
         elif not scored.size:
             cause = "every reward was None/NaN: no reward function could score the responses"
         elif scored.max() == 0:

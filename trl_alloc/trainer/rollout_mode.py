@@ -10,7 +10,7 @@ events or stream were not measured to pay, since it is also the bit-exact one.
 | vLLM server on GPUs | stream | engine model: CERO+SARA 13.33 vs 36.37 events, stock 13.86 vs 24.61 |
 | ... with pruning | stream | engine model, CERO+SARA with pruning: 12.75 (0.52x stock) |
 | vLLM colocate on one GPU, filling full | deterministic | full groups: one call either way |
-| vLLM colocate, adaptive filling | stream | engine model, one GPU: CERO+SARA 5.65 vs 7.18 events, 15.79 sync, stock 7.92 |
+| vLLM colocate, adaptive filling | stream | engine model, 1 GPU: CERO+SARA 5.65, events 7.18, sync 15.79, stock 7.92 |
 | ... with pruning | stream | engine model, one GPU: CERO+SARA with pruning 4.52 vs 5.32 events |
 | ... with sleep mode | events | sleep mode drops a stream's carried KV cache |
 | ... with pruning on several processes | deterministic | in-engine pruning runs on one colocate process for now |
@@ -28,8 +28,8 @@ def choose_rollout_mode(args, cuda):
     if not cuda:
         return "deterministic", "vLLM on a CPU: events and stream were not faster than synchronous calls there"
     if args.max_completion_length <= SHORT_COMPLETIONS:
-        return "deterministic", (f"completions of at most {args.max_completion_length} tokens: one request per rollout "
-                                 "costs more than event-driven filling saves")
+        return "deterministic", (f"completions of at most {args.max_completion_length} tokens: one request per "
+                                 "rollout costs more than event-driven filling saves")
     if args.vllm_mode == "colocate" and not method_class("filling", args.filling).adaptive:
         return "deterministic", "colocate with full groups: one generation call either way, nothing to overlap"
     if args.vllm_mode == "colocate" and args.pruning != "none" and args.world_size > 1:
@@ -37,7 +37,8 @@ def choose_rollout_mode(args, cuda):
     if args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode:
         return "events", "colocate with sleep mode: a stream's carried rollouts would lose their KV cache"
     if args.vllm_mode == "colocate":
-        return "stream", "one GPU: carried rollouts replace the wait for a round's stragglers (engine model 0.71x stock)"
+        return "stream", ("one GPU: carried rollouts replace the wait for a round's stragglers "
+                          "(engine model 0.71x stock)")
     return "stream", "vLLM server: the engine generates while the trainer trains (engine model 0.54x stock)"
 
 

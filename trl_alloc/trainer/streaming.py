@@ -31,7 +31,8 @@ import contextlib
 from ..rollout.colocate import RankedRollouts, RankEngine, VLLMColocateRollouts
 from ..rollout.events import BatchedRollouts, VLLMServerRollouts
 from ..rollout.streaming import RoundDriver, StreamDriver
-from .trl_compat import colocate_llm, sync_vllm_weights, tokenize_prompts, vllm_server_url
+from .trl_compat import (colocate_llm, sleep_colocate_engine, sync_vllm_weights, tokenize_prompts, vllm_server_url,
+                         wake_colocate_engine)
 
 
 def _plain(rollouts):
@@ -110,7 +111,7 @@ class EventRoundMixin:
             for row, r in zip(new, batch):
                 row["rid"] = r["rid"]
             rows.extend(new)
-            self._allocator(lambda: driver.observe(new))
+            self._allocate(lambda: driver.observe(new))
         return rows
 
     def _run_event_round(self):
@@ -124,18 +125,16 @@ class EventRoundMixin:
     @contextlib.contextmanager
     def _colocate_awake(self):
         """Colocate with sleep mode: the weights (level 2 discards them: pushed again unless this round's push just
-        did) and the KV cache are woken for the round, and everything sleeps after it, as TRL's generation step does."""
-        vg = self.vllm_generation if self.colocate and self.args.vllm_enable_sleep_mode else None
-        if vg is not None:
-            if getattr(vg, "_llm_weights_sleeping", False):  # (every rank: a collective under ZeRO-3)
-                vg.sync_weights()
-            vg.llm.wake_up(tags=["kv_cache"])
+        did) and the KV cache are woken for the round, and everything sleeps after it, as TRL's generation step
+        does."""
+        if not (self.colocate and self.args.vllm_enable_sleep_mode):
+            yield
+            return
+        wake_colocate_engine(self)  # (every rank: the push is a collective under ZeRO-3)
         try:
             yield
         finally:
-            if vg is not None:
-                vg.llm.sleep(level=2)
-                vg._llm_weights_sleeping = True
+            sleep_colocate_engine(self)
 
     def _in_stream_pruning(self):
         """With vLLM and a pruner: ARROL at the detection point, on the engine's scores (the driver's arguments)."""
@@ -143,7 +142,7 @@ class EventRoundMixin:
             return {}
 
         def prune(snapshots):
-            return self.pruner.decide_snapshots(snapshots, self.engine.current_round)
+            return self.pruner.decide_snapshots(snapshots, self.allocator.current_round)
         return {"detect_at": self.pruner.detect_length, "on_detect": prune}
 
     def _close_rollouts(self, rollouts):
@@ -165,7 +164,7 @@ class EventRoundMixin:
         rollouts = self._rollout_engine() if main or self.colocate_ranks else None
 
         if main:
-            driver = RoundDriver(self.engine, rollouts, prompt_ids_of,
+            driver = RoundDriver(self.allocator, rollouts, prompt_ids_of,
                                  self.args.max_completion_length, self.rollout_window,
                                  timeout=self.args.vllm_server_timeout if self.use_vllm else None,
                                  **self._in_stream_pruning())
@@ -187,7 +186,7 @@ class StreamRoundMixin:
     _stream = None          # the StreamDriver (main process)
     _stream_open = False    # the round to run is already open (started before the last one trained)
     _stream_admitted = 0
-    _stream_state = None    # the engine's state at the last close: what a checkpoint holds
+    _stream_state = None    # the allocator's state at the last close: what a checkpoint holds
     _stream_step = 0        # the global step of the last version bump
 
     def _stream_driver(self):
@@ -196,7 +195,8 @@ class StreamRoundMixin:
             rollouts = self._rollout_engine()
             if main:
                 self._stream = StreamDriver(rollouts, self._prompt_ids_of, self.args.max_completion_length,
-                                            self.rollout_window, self.args.vllm_server_timeout if self.use_vllm else None,
+                                            self.rollout_window,
+                                            self.args.vllm_server_timeout if self.use_vllm else None,
                                             max_staleness=self.args.max_staleness, **self._in_stream_pruning(),
                                             on_observe=self.pruner and self.pruner.record)
         return self._stream
@@ -213,17 +213,17 @@ class StreamRoundMixin:
             if self.use_vllm and self.pruner is not None and main:  # the head trained at the close scores from now on
                 self._stream.rollouts.load_head(self.pruner.head)
         self._stream_step = self.state.global_step
-        self._allocator(lambda: self._stream.push())
+        self._allocate(lambda: self._stream.push())
 
     def _stream_rounds_left(self):
-        return min(self.num_rounds, self.args.max_steps // self.steps_per_round) - self.engine.counters["rounds"]
+        return min(self.num_rounds, self.args.max_steps // self.steps_per_round) - self.allocator.counters["rounds"]
 
     def _open_stream_round(self):
         # the last round waits for its groups (nothing after it to carry them), and so does every colocate round:
         # the engine idles while the trainer trains, so closing early would overlap nothing
         wait = self.colocate or self._stream_rounds_left() <= 1
-        self._stream_admitted = self._allocator(lambda: self.engine.start_round(True, self._stream.carry, wait))
-        self._allocator(lambda: self._stream.start(self.engine.current_round))
+        self._stream_admitted = self._allocate(lambda: self.allocator.start_round(True, self._stream.carry, wait))
+        self._allocate(lambda: self._stream.start(self.allocator.current_round))
         self._stream_open = True
 
     def _run_stream_round(self):
@@ -237,7 +237,7 @@ class StreamRoundMixin:
         held_rows = self.__dict__.setdefault("_stream_rows", {})
         rows = self._poll_round(driver)
         held_rows.update({row["rid"]: row for row in rows if not row.get("aborted")})
-        summary = self._allocator(self.engine.finish_round)
+        summary = self._allocate(self.allocator.finish_round)
         events = []
 
         def close():  # main process: what to train, what to hold (the round's own events stay here, not broadcast)
@@ -258,7 +258,7 @@ class StreamRoundMixin:
     def _after_stream_round(self, summary):
         """The close's state for checkpoints, then the next round opens at once (its rollouts run while this one
         trains), or the stream ends with the budget."""
-        self._stream_state = self.engine.snapshot() if self.accelerator.is_main_process else None
+        self._stream_state = self.allocator.snapshot() if self.accelerator.is_main_process else None
         if summary["finished"] or self._stream_rounds_left() <= 0:
             self._end_stream()
         elif not self.colocate:  # (colocate: the engine would not step before the push; opened after it)

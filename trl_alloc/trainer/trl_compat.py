@@ -65,6 +65,63 @@ def generate(trainer, prompt_ids):
     return trainer._generate_single_turn(prompt_ids, None, {}, 1)
 
 
+@contextlib.contextmanager
+def max_new_tokens(trainer, n):
+    """Cap the trainer's generation at n new tokens while open, for every backend TRL uses: transformers
+    (`generation_config` and the `generation_kwargs` TRL re-applies) and vLLM (server or colocate:
+    `vllm_generation.max_completion_length`, sent as `max_tokens`)."""
+    saved = []
+    vllm_generation = getattr(trainer, "vllm_generation", None) if trainer.use_vllm else None
+    if vllm_generation is not None:
+        saved.append((vllm_generation, "max_completion_length", vllm_generation.max_completion_length))
+        vllm_generation.max_completion_length = n
+    config = getattr(trainer, "generation_config", None)
+    if config is not None:
+        saved.append((config, "max_new_tokens", config.max_new_tokens))
+        config.max_new_tokens = n
+    kwargs = getattr(trainer, "generation_kwargs", None)
+    if isinstance(kwargs, dict) and "max_new_tokens" in kwargs:
+        saved.append((kwargs, "max_new_tokens", kwargs["max_new_tokens"]))
+        kwargs["max_new_tokens"] = n
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            if isinstance(obj, dict):
+                obj[name] = value
+            else:
+                setattr(obj, name, value)
+
+
+def generation_host(trainer, collective):
+    """The `rollout.pruning.GenerationHost` of this trainer: TRL's generation backend, capped by
+    `max_new_tokens`, the policy, the tokenizer's pad id and the distributed set-up."""
+    from ..rollout.pruning import GenerationHost
+
+    return GenerationHost(
+        generate=lambda prompt_ids: generate(trainer, prompt_ids),
+        limit_new_tokens=lambda n: max_new_tokens(trainer, n), model=trainer.model,
+        pad_token_id=trainer._tokenizer.pad_token_id, eos_token_ids=set(trainer.eos_token_ids),
+        device=trainer.accelerator.device, batch_size=int(trainer.args.per_device_train_batch_size),
+        gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs, collective=collective,
+        num_processes=trainer.accelerator.num_processes, is_main=trainer.accelerator.is_main_process,
+        main_call=trainer._main_call)
+
+
+def count_generated(trainer):
+    """Count every response a trainer really generates (stock TRL and trl-alloc both go through TRL's
+    `_generate_single_turn`); returns a dict whose "n" grows as training runs."""
+    inner, box = trainer._generate_single_turn, {"n": 0}
+
+    def counted(prompt_ids, *args, **kwargs):
+        out = inner(prompt_ids, *args, **kwargs)
+        box["n"] += len(out[0])
+        return out
+
+    trainer._generate_single_turn = counted
+    return box
+
+
 def sync_vllm_weights(trainer):
     """Push the policy's weights to vLLM if a step was taken since the last push (every rank: collective), as
     TRL's generation step does before it generates."""
@@ -85,18 +142,33 @@ def use_inplace_colocate_push(trainer):
     weights are gathered as TRL gathers them (ZeRO-3, FSDP, merged PEFT adapters)."""
     from ..rollout.colocate import extend_worker
 
-    vg = trainer.vllm_generation
-    if not hasattr(vg, "_iter_named_params"):
+    vllm_generation = trainer.vllm_generation
+    if not hasattr(vllm_generation, "_iter_named_params"):
         raise TRLCompatibilityError(f"trl {trl.__version__}'s VLLMGeneration has no _iter_named_params, which the "
                                     f"colocate weight push on CPU uses; pip install 'trl>={TESTED_TRL},<1.17'.")
-    extend_worker(vg.llm)
+    extend_worker(vllm_generation.llm)
 
     def sync_weights():
-        weights = {name: param.detach().clone() for name, param in vg._iter_named_params()}
-        vg.llm.collective_rpc("load_weights_from_tensors", args=(weights,))
-        vg.llm.reset_prefix_cache()
+        weights = {name: param.detach().clone() for name, param in vllm_generation._iter_named_params()}
+        vllm_generation.llm.collective_rpc("load_weights_from_tensors", args=(weights,))
+        vllm_generation.llm.reset_prefix_cache()
 
-    vg.sync_weights = sync_weights
+    vllm_generation.sync_weights = sync_weights
+
+
+def wake_colocate_engine(trainer):
+    """Colocate sleep mode, before a round: push the weights if the last sleep (level 2) discarded them and no
+    optimizer step pushed since (TRL marks that with `_llm_weights_sleeping`), then wake the KV cache."""
+    vllm_generation = trainer.vllm_generation
+    if getattr(vllm_generation, "_llm_weights_sleeping", False):
+        vllm_generation.sync_weights()
+    vllm_generation.llm.wake_up(tags=["kv_cache"])
+
+
+def sleep_colocate_engine(trainer):
+    """Colocate sleep mode, after a round: sleep as TRL's generation step does (level 2: weights discarded too)."""
+    trainer.vllm_generation.llm.sleep(level=2)
+    trainer.vllm_generation._llm_weights_sleeping = True
 
 
 def vllm_server_url(trainer):

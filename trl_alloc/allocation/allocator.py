@@ -1,21 +1,21 @@
-"""The allocation engine: one run's pacer, filler and pruning decisions, with the counters, history
+"""The allocator: one run's pacer, filler and pruning decisions, with the counters, history
 and exposure they produce, as one object with a versioned state (numpy only, testable without TRL).
 
 One round, as the trainer drives it (docs/architecture.md; each call but `record_round` runs on the
 main process only, and its result is shared with every rank):
 
-    admitted = engine.start_round()              # pacer.propose(); filler.start_round(...)
-    while (req := engine.next_request()):        # (prompt ids, responses per prompt)
+    admitted = allocator.start_round()              # pacer.propose(); filler.start_round(...)
+    while (req := allocator.next_request()):        # (prompt ids, responses per prompt)
         rows = generate and score req            # the trainer's part
-        engine.observe(rows, req)                # filler decides; pruner learns
+        allocator.observe(rows, req)                # filler decides; pruner learns
     # or, event-driven (start_round(events=True); rollout.streaming.RoundDriver runs this part):
-    #   engine.submissions(room) -> [(pid, n)] to start; engine.observe_rollouts(rows) -> prompts to abort
-    summary = engine.finish_round()              # pacer.update(successes, failures)
-    engine.record_round(summary, rows, ...)      # every rank: counters, history, exposure; the round log line
+    #   allocator.submissions(room) -> [(pid, n)] to start; allocator.observe_rollouts(rows) -> prompts to abort
+    summary = allocator.finish_round()              # pacer.update(successes, failures)
+    allocator.record_round(summary, rows, ...)      # every rank: counters, history, exposure; the round log line
 
 The round log (`round_log_path`, set by the trainer on the main process only: `output_dir/allocation/rounds.jsonl`)
 gets one JSON line per round, appended as the round is recorded: its index, requests, committed groups and, for
-an event-driven round, its order of events. Only the last line stays in memory (`last_round_log`); an engine
+an event-driven round, its order of events. Only the last line stays in memory (`last_round_log`); an allocator
 without a path (simulators, tests) writes nothing. `read_round_log` reads the file back.
 
 A row is a dict with at least `pid`, `success` (1/0, NaN = unscored), `pruned` and `completion_ids`.
@@ -23,13 +23,21 @@ The pruner, when there is one, is the rollout layer's object (duck-typed: `recor
 `state_dict`, `load_state_dict`, `totals`); its decisions are `allocation.arrol`'s.
 """
 
+from __future__ import annotations
+
 import functools
 import json
 import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .factory import build_stages, round_kwargs
+
+if TYPE_CHECKING:
+    from .base import Filler, Pacer, Round
+    from .event_rounds import BatchedEventRound
 
 STATE_VERSION = 2
 # Fields that fix a run's plan: resuming with any of them changed would pace another run.
@@ -39,12 +47,12 @@ COUNTERS = ("rounds", "responses", "tokens", "empty_rounds", "rounds_without_sig
 ROUND_LOG_NAME = "rounds.jsonl"
 
 
-def round_log_file(output_dir):
+def round_log_file(output_dir: str) -> str:
     """Where a run's round log goes: `output_dir/allocation/rounds.jsonl`."""
     return os.path.join(output_dir, "allocation", ROUND_LOG_NAME)
 
 
-def read_round_log(path):
+def read_round_log(path: str) -> list[dict]:
     """The round log at `path` as a list of dicts, one per round, in order ([] when there is no file)."""
     if not os.path.isfile(path):
         return []
@@ -52,7 +60,7 @@ def read_round_log(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def truncate_round_log(path, rounds):
+def truncate_round_log(path: str, rounds: int) -> None:
     """Keep the round log's lines of rounds before `rounds` (what a checkpoint had recorded), so a resumed run
     appends no round twice; a line torn by a crash is dropped. Nothing to do without a file."""
     if not os.path.isfile(path):
@@ -71,7 +79,7 @@ def truncate_round_log(path, rounds):
     os.replace(path + ".tmp", path)
 
 
-def json_default(obj):
+def json_default(obj: Any) -> int | float | bool | list:
     """`json.dump(..., default=json_default)` for numpy scalars and arrays (anything else is an error)."""
     if isinstance(obj, np.integer):
         return int(obj)
@@ -84,7 +92,7 @@ def json_default(obj):
     raise TypeError(f"a {type(obj).__name__} is not JSON-serialisable.")
 
 
-def migrate_state(state, where="allocation state"):
+def migrate_state(state: dict, where: str = "allocation state") -> dict:
     """An allocation state of any version this code reads, as the current version; a newer one is refused."""
     version = state.get("version", 1)
     if not isinstance(version, int) or version > STATE_VERSION:
@@ -95,7 +103,7 @@ def migrate_state(state, where="allocation state"):
     return state
 
 
-def check_same_plan(state, current, where):
+def check_same_plan(state: dict, current: dict, where: str) -> None:
     """Refuse a state whose run plan differs from this run's, naming the field."""
     for key in PLAN_FIELDS:
         if key not in state:  # written by an older trl-alloc: only what it recorded is checked
@@ -106,7 +114,7 @@ def check_same_plan(state, current, where):
                              f"settings (and dataset), or start a new run in another output_dir.")
 
 
-class AllocationEngine:
+class Allocator:
     """Pacer + filler (+ pruner) of one run.
 
     join(pacer, units) -> the keyword arguments of `filler.start_round` (`pipeline.round_arguments`);
@@ -115,7 +123,8 @@ class AllocationEngine:
     `from_config` builds all of it from an `AllocGRPOConfig`'s fields.
     """
 
-    def __init__(self, pacer, filler, join, plan, pruner=None, round_log_path=None):
+    def __init__(self, pacer: Pacer, filler: Filler, join: Callable[..., dict], plan: dict | Callable[[], dict],
+                 pruner: Any = None, round_log_path: str | None = None) -> None:
         self.pacer, self.filler, self.join = pacer, filler, join
         self.pruner = pruner
         self._plan = plan
@@ -130,20 +139,22 @@ class AllocationEngine:
         self._round = None
 
     @classmethod
-    def from_config(cls, args, num_prompts, num_rounds, plan, pruner=None, round_log_path=None):
-        """The engine an `AllocGRPOConfig` (or any object with its fields) names, through the registry."""
+    def from_config(cls, args: Any, num_prompts: int, num_rounds: int, plan: dict | Callable[[], dict],
+                    pruner: Any = None, round_log_path: str | None = None) -> Allocator:
+        """The allocator an `AllocGRPOConfig` (or any object with its fields) names, through the registry."""
         pacer, filler = build_stages(args, num_prompts, num_rounds)
         return cls(pacer, filler, functools.partial(round_kwargs, args, filler), plan, pruner,
                    round_log_path=round_log_path)
 
     @property
-    def plan(self):
+    def plan(self) -> dict:
         if callable(self._plan):
             self._plan = self._plan()
         return self._plan
 
     # ------------------------------------------------------------------ one round (main process)
-    def start_round(self, events=False, carry=None, wait_for_groups=False):
+    def start_round(self, events: bool = False, carry: dict[int, dict] | None = None,
+                    wait_for_groups: bool = False) -> int:
         """The pacer's proposal opens the filler's round (fed one rollout at a time with `events`, see
         `event_rounds`; with `carry`, the stream's next round, resuming an earlier round's open groups; it waits
         for its groups when so told or when it may spend all that is left); returns the number of prompts admitted."""
@@ -156,14 +167,14 @@ class AllocationEngine:
             self._round = (self.filler.start_event_round if events else self.filler.start_round)(**kwargs)
         return int((units > 0).sum())
 
-    def next_request(self):
+    def next_request(self) -> tuple[list[int], list[int]] | None:
         """The round's next generation request as (prompt ids, responses per prompt), or None when it is done."""
         if self._round.done:
             return None
         ids, counts = self._round.requests()
         return (ids.tolist(), counts.tolist()) if len(ids) else None
 
-    def observe(self, rows, request):
+    def observe(self, rows: Sequence[dict], request: tuple[Sequence[int], Sequence[int]]) -> None:
         """The request's rows (in request order) go to the filler, which commits, abandons or continues."""
         counts = request[1]
         success = np.array([r["success"] for r in rows], dtype=float)  # 0/1, NaN = unscored
@@ -175,19 +186,19 @@ class AllocationEngine:
 
     # ------------------------------------------------------------------ one event-driven round (main process)
     @property
-    def current_round(self):
+    def current_round(self) -> Round | BatchedEventRound | None:
         """The filler's open round (None between rounds)."""
         return self._round
 
     @property
-    def round_done(self):
+    def round_done(self) -> bool:
         return self._round.done
 
-    def submissions(self, room):
+    def submissions(self, room: int) -> list[tuple[int, int]]:
         """Event mode: the rollouts to start now, as [(prompt id, n)], at most `room` in all."""
         return self._round.submissions(room)
 
-    def observe_rollouts(self, rows):
+    def observe_rollouts(self, rows: Sequence[dict]) -> list[int]:
         """Event mode: rows of ended rollouts (any order; `aborted` rows carry no reward). Returns the prompt
         ids whose in-flight rollouts are no longer wanted (every prompt in flight once the round is done)."""
         cancelled = self._round.observe_rollouts(rows)
@@ -195,7 +206,7 @@ class AllocationEngine:
             self.pruner.record([r for r in rows if not r.get("aborted")])
         return cancelled
 
-    def finish_round(self):
+    def finish_round(self) -> dict:
         """Close the round: the pacer learns each prompt's successes and failures; returns the round's summary."""
         rnd, self._round = self._round, None
         carried = {"prepaid": rnd.prepaid_counts(self.pacer.num_prompts)} if getattr(rnd, "carries", False) else {}
@@ -209,8 +220,10 @@ class AllocationEngine:
         return out
 
     # ------------------------------------------------------------------ bookkeeping (every rank)
-    def record_round(self, summary, rows, admitted, requests, loss_responses, allocator_s, round_s, events=None,
-                     responses=None):
+    def record_round(self, summary: dict, rows: Sequence[dict], admitted: int,
+                     requests: list[tuple[list[int], list[int]]], loss_responses: int, allocator_s: float,
+                     round_s: float, events: list[tuple[str, int, int]] | None = None,
+                     responses: int | None = None) -> dict:
         """Counters, exposure and the round's history entry, from the broadcast summary; returns the entry.
         The round's log line goes to `last_round_log` and, with a `round_log_path`, to the file. `events`: an
         event-driven round's order of events, for that line (the main process's only: it is not broadcast).
@@ -244,7 +257,7 @@ class AllocationEngine:
         return entry
 
     def _write_round_log(self, line):
-        """Append the round's line to `round_log_path` (flushed at once). The first write after the engine was
+        """Append the round's line to `round_log_path` (flushed at once). The first write after the allocator was
         built or restored first drops the file's lines past the counters (a resumed run, or an earlier run's file)."""
         path = self.round_log_path
         if path is None:
@@ -258,7 +271,7 @@ class AllocationEngine:
             f.flush()
 
     # ------------------------------------------------------------------ state
-    def state_dict(self):
+    def state_dict(self) -> dict:
         """JSON-serialisable state (what checkpoints hold), with the whole run's history and exposure."""
         return {"version": STATE_VERSION, **self.plan,
                 "pacer": self.pacer.state_dict(), "filler": self.filler.state_dict(),
@@ -266,7 +279,7 @@ class AllocationEngine:
                 "counters": dict(self.counters), "budget_exhausted": self.budget_exhausted,
                 "history": self.history, "exposure": self.exposure}
 
-    def load_state_dict(self, state, where="allocation state", check_plan=True):
+    def load_state_dict(self, state: dict, where: str = "allocation state", check_plan: bool = True) -> None:
         """Restore a `state_dict`; an older version is migrated, a newer one or another plan is refused."""
         state = migrate_state(state, where)
         if check_plan:
@@ -288,12 +301,12 @@ class AllocationEngine:
         if self._round_log_synced:
             truncate_round_log(self.round_log_path, self.counters["rounds"])
 
-    def snapshot(self):
+    def snapshot(self) -> dict:
         """A deep copy of the state (a failed round is rolled back to it)."""
         return json.loads(json.dumps(self.state_dict(), default=json_default))
 
     # ------------------------------------------------------------------ end-of-run report
-    def report(self):
+    def report(self) -> dict:
         """The run's figures beyond the per-round history (`output_dir/allocation/summary.json`)."""
         h = self.history
         out = {"methods": {"pacing": self.plan["pacing"], "filling": self.plan["filling"],
@@ -309,11 +322,11 @@ class AllocationEngine:
         return out
 
 
-def trained_groups(entry):
+def trained_groups(entry: dict) -> int:
     """A round's committed groups whose advantages were not all zero (a group the allocator counts as mixed by the
     success signal can still have a constant training reward, e.g. with the verifier's reward weight at 0)."""
     return entry["effective_groups"] - entry.get("flat_groups", 0)
 
 
-__all__ = ["AllocationEngine", "trained_groups", "STATE_VERSION", "PLAN_FIELDS", "check_same_plan", "migrate_state",
+__all__ = ["Allocator", "trained_groups", "STATE_VERSION", "PLAN_FIELDS", "check_same_plan", "migrate_state",
            "json_default", "ROUND_LOG_NAME", "round_log_file", "read_round_log", "truncate_round_log"]
