@@ -25,7 +25,7 @@ def make_allocator(rounds, budget_units, round_log_path=None):
 
 
 def event_round(e, p, rng, window=6):
-    """One event round as `rollout.streaming.RoundDriver` runs it, with its order of events (ids as numpy ints,
+    """One event round as `rollout.drivers.RoundDriver` runs it, with its order of events (ids as numpy ints,
     as an engine may hand them); returns (rows, events, the summary the trainer broadcasts)."""
     admitted = e.start_round(events=True)
     live, rows, events, rid = [], [], [], 0

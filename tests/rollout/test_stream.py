@@ -12,8 +12,8 @@ import pytest
 
 from trl_alloc.allocation import make_filler, make_pacer
 from trl_alloc.allocation.pipeline import round_arguments
-from trl_alloc.rollout.simulated import SimulatedRollouts, simulate_engine
-from trl_alloc.rollout.streaming import StreamDriver
+from trl_alloc.rollout.engine_model import SimulatedRollouts, simulate_engine
+from trl_alloc.rollout.drivers import StreamDriver
 
 FILLERS = {"full": {}, "sara": {"tau_low": 0.45}, "dynamic_sampling": {"max_generation_batches": 6}}
 

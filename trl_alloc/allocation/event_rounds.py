@@ -1,5 +1,5 @@
 """Rounds fed one rollout at a time: the event-driven form of the fillers (numpy only). The rollout layer's
-driver (`rollout.streaming.RoundDriver`) runs them over a rollout engine:
+driver (`rollout.drivers.RoundDriver`) runs them over a rollout backend:
 
     rnd = filler.start_event_round(stream, budget, target_groups, ...)
     while not rnd.done (then until nothing is in flight):

@@ -1,11 +1,11 @@
 """The rollout benchmark's parts (`scripts/bench_rollout.py`): each method's rounds run against one vLLM server,
 synchronously (every call submitted whole, decided when its last rollout ends, as TRL's and verl's loops do) or
-as events (`rollout.streaming.RoundDriver`), scored as rollouts end, with the engine's occupancy sampled from
+as events (`rollout.drivers.RoundDriver`), scored as rollouts end, with the engine's occupancy sampled from
 the server's own `/metrics` gauge (`vllm:num_requests_running`). With pruning (ARROL in the stream), the
 quality head is sent to the server each round, the worker scores each rollout at the detection point, and
 the head learns from the round's completed rollouts as in the trainer (`rollout.pruning.RolloutPruner`).
 The policy stays fixed; `train_s` stands in for the trainer's step after each round: synchronous and event
-rounds wait for it (the engine idles), a stream (`rollout.streaming.StreamDriver`) keeps generating through it.
+rounds wait for it (the engine idles), a stream (`rollout.drivers.StreamDriver`) keeps generating through it.
 """
 
 import threading
@@ -16,9 +16,9 @@ import requests
 
 from ..allocation.allocator import Allocator
 from ..allocation.event_rounds import BatchedEventRound
-from ..rollout.events import VLLMServerRollouts
+from ..rollout.backends import VLLMServerRollouts
 from ..rollout.pruning import RolloutPruner
-from ..rollout.streaming import StreamDriver, run_round
+from ..rollout.drivers import StreamDriver, run_round
 
 ARROL = {"pruning": "arrol"}
 # name -> (pacing, filling, rollout mode: "sync" | "events" | "stream", other config fields)
@@ -252,7 +252,7 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
 def measure_step_time(base_url, prompt_ids, running=(1, 8, 16, 32, 64), tokens=48):
     """Seconds of one decode step with n rollouts running on the live server: n streamed requests of exactly
     `tokens` tokens (EOS ignored) at once, wall seconds / tokens (one prefill included), after one warm-up
-    request; then the least-squares line a + b·n that `rollout.simulated.SimulatedRollouts(step_s=(a, b))` takes."""
+    request; then the least-squares line a + b·n that `rollout.engine_model.SimulatedRollouts(step_s=(a, b))` takes."""
     points = []
     for i, n in enumerate((1, *running)):  # the first run warms the server up (its first requests are slower)
         rollouts = VLLMServerRollouts(base_url, temperature=1.0, max_inflight=n, request_timeout=600,
@@ -274,7 +274,7 @@ def predict_rounds(method, config, result, step, rounds, num_prompts, train_s=0.
     """The engine model's s/round for a measured run of `method` (same configuration, window and rounds): rollout
     lengths drawn from the run's completed rollouts, each prompt's success at its observed rate (the run's mean
     for prompts it never scored), decode steps of `step` = (a, b) seconds (`measure_step_time`)."""
-    from ..rollout.simulated import SimulatedRollouts
+    from ..rollout.engine_model import SimulatedRollouts
 
     mode = ROLLOUT_METHODS[method][2]
     lengths = np.asarray([n for _, n, _ in result["completed"]], float)

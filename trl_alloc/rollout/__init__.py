@@ -2,9 +2,9 @@
 
 - `pruning.py`: ARROL's two-phase generation and pruning in the trainer, and the quality head's online training;
 - `quality_head.py`: the quality head, its scoring and test-time weighted voting;
-- `events.py`: the rollout engine protocol (`submit` / `next_completed` / `abort`), its exact batched backend and
+- `backends.py`: the rollout backend protocol (`submit` / `next_completed` / `abort`), its exact batched backend and
   the vLLM-server backend;
 - `inprocess.py`: the same engine on vLLM's in-process `AsyncLLM`;
 - `colocate.py`: the same engine on the `vllm.LLM` of TRL's colocate mode (one process or several);
-- `streaming.py`: `RoundDriver` (one event round) and `StreamDriver` (one stream across rounds);
-- `simulated.py`: a continuous-batching engine on a virtual clock (`plan.py`'s engine model, tests)."""
+- `drivers.py`: `RoundDriver` (one event round) and `StreamDriver` (one stream across rounds);
+- `engine_model.py`: a continuous-batching engine on a virtual clock (`plan.py`'s engine model, tests)."""

@@ -1,5 +1,5 @@
 """Rollouts from the vLLM engine TRL's colocate mode already holds (`trainer.vllm_generation.llm`, a `vllm.LLM`):
-the rollout engine of `rollout.events` on one GPU, with no second copy of the model. The engine is driven step by
+the rollout backend of `rollout.backends` on one GPU, with no second copy of the model. The engine is driven step by
 step in the calling thread -- `llm_engine.add_request`, `step()`, `abort_request` -- so nothing runs while the
 trainer trains, and rollouts still in flight when a round closes simply wait, with their KV cache, for the next
 `step()` (on the weights loaded meanwhile: stream mode's carry-over).
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .events import Rollout, StreamedRollouts
+from .backends import Rollout, StreamedRollouts
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -164,7 +164,7 @@ class RankEngine:
 
 
 class RankedRollouts:
-    """The main process's rollout engine over every rank's colocate engine (multi-process colocate mode): each
+    """The main process's rollout backend over every rank's colocate engine (multi-process colocate mode): each
     submission (one prompt's cohort) goes to the rank with the fewest rollouts in flight, ended rollouts are
     gathered from every rank at each exchange, and decisions stay here. `broadcast(obj)` and `all_gather(obj)`
     are the process group's collectives; every other rank runs `RankEngine.follow` while the main process may
@@ -199,7 +199,7 @@ class RankedRollouts:
         results = self._all_gather(self.host.apply(cmd))
         errors = [value for status, value in results if status == "error"]
         if errors:
-            raise RuntimeError(f"a colocate rank's rollout engine failed: {errors[0]}")
+            raise RuntimeError(f"a colocate rank's rollout backend failed: {errors[0]}")
         out = [r for _, ended in results for r in ended]
         for r in out:
             self._rank_of.pop(r.rid, None)

@@ -1,12 +1,12 @@
-"""Rollouts from a vLLM engine in this process (`vllm.v1.engine.async_llm.AsyncLLM`): the rollout engine of
-`rollout.events` without an HTTP server. Each rollout is one `AsyncLLM.generate` request (n = 1, tokens
+"""Rollouts from a vLLM engine in this process (`vllm.v1.engine.async_llm.AsyncLLM`): the rollout backend of
+`rollout.backends` without an HTTP server. Each rollout is one `AsyncLLM.generate` request (n = 1, tokens
 streamed as deltas) run as an asyncio task on the backend's own event-loop thread; abort cancels the task,
 which makes vLLM abort the request. The quality head scores in the engine through the same worker extension
 as the server (`serving.worker_extension`, via `AsyncLLM.collective_rpc`).
 
     rollouts = VLLMInProcessRollouts.start(model_dir, temperature=1.0)     # builds and owns the engine
     rids = rollouts.submit(prompt_ids, n=4, max_tokens=64, tag=pid, detect_at=16)
-    ...                                                                  # as any rollout engine
+    ...                                                                  # as any rollout backend
     rollouts.close()                                                     # stops what is in flight
     rollouts.shutdown()                                                  # the engine and its loop
 
@@ -21,7 +21,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .events import StreamedRollouts
+from .backends import StreamedRollouts
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

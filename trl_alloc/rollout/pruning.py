@@ -21,7 +21,7 @@ probability ``keep_ratio`` (the paper's control, no head). Both prune only after
 
 **In the engine.** With `rollout_mode="events"` and vLLM, none of this runs: the worker extension scores
 each streamed rollout at the detection point, pruned rollouts are aborted in the engine and survivors go
-on in the same request (`rollout.streaming`, `serving.worker_extension`, docs/arrol.md);
+on in the same request (`rollout.drivers`, `serving.worker_extension`, docs/arrol.md);
 `decide_snapshots` takes those scores. Here (deterministic mode, and the transformers backend) the
 trainer scores: it holds the same weights, so one forward of prompt + partial gives the same hidden state.
 
@@ -116,7 +116,7 @@ class RolloutPruner:
         return sorted(k for k, c in zip(keys, cut) if c)
 
     def decide_snapshots(self, snapshots, event_round):
-        """In-stream pruning (`rollout.streaming.RoundDriver`'s `on_detect`): the snapshots of complete cohorts,
+        """In-stream pruning (`rollout.drivers.RoundDriver`'s `on_detect`): the snapshots of complete cohorts,
         scored in the engine (`info["score"]`, `info["hidden"]`), -> rollout ids to prune. A cohort (one
         submission's rollouts) is the group the survival probabilities are normalised over. With
         `prune_undecided=False` only prompts `event_round.mixed` says are mixed can be cut."""

@@ -1,6 +1,6 @@
 """One generation request of a round: its rows generated across ranks (TRL's generation backend, or
 ARROL's two-phase generation), scored with TRL's reward step, and gathered so every rank holds them; and,
-in event mode, the scoring of rollouts that ended in the rollout engine (`_score_rollouts`)."""
+in event mode, the scoring of rollouts that ended in the rollout backend (`_score_rollouts`)."""
 
 import math
 

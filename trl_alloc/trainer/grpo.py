@@ -9,7 +9,7 @@ Only the sampling step changes. One scheduler round collects one generation batc
     allocator.finish_round(); allocator.record_round(...)
 
 or, with `rollout_mode="events"`, the rollouts of the round are started within a window and decided on one
-at a time as they end (streaming.py).
+at a time as they end (event_modes.py).
 
 and only the round's committed groups reach TRL's loss, with advantages normalised inside each group
 by its own size. The allocators see each response's success (`success_reward_funcs` >=
@@ -50,7 +50,7 @@ from .inputs import check_inputs, checked_reward_funcs, warn_missing_reward_colu
 from .loss_batch import LossBatchMixin
 from .metrics import RoundMetricsMixin
 from .round_state import RoundState
-from .streaming import EventRoundMixin, StreamRoundMixin
+from .event_modes import EventRoundMixin, StreamRoundMixin
 from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_vllm_client, tokenize_prompts, train_metrics,
                          use_inplace_colocate_push)
 
@@ -289,7 +289,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         else:
             admitted = self._allocate(allocator.start_round, mode == "events")
             rows, requests, log = [], [], None
-        if mode == "events":  # rollouts started within a window, decided on as they end (streaming.py)
+        if mode == "events":  # rollouts started within a window, decided on as they end (event_modes.py)
             rows, log = self._run_event_round()
         while mode == "deterministic" and (request := self._allocate(allocator.next_request)) is not None:
             requests.append(request)

@@ -1,4 +1,4 @@
-"""A model of a continuous-batching inference engine on a virtual clock, as a `rollout.events` backend: what
+"""A model of a continuous-batching inference engine on a virtual clock, as a `rollout.backends` backend: what
 `scripts/plan.py` and the tests use to compare synchronous and event-driven rounds at any scale.
 
 At most `max_num_seqs` rollouts decode at once (the rest wait, first in first out); every running rollout gains one
@@ -8,7 +8,7 @@ b · running` for `step_s=(a, b)` (a CPU: compute-bound, fitted on the live serv
 (cut at its `max_tokens`) and its success, reported in `Rollout.info["success"]`. `busy_s` counts slot-seconds
 used, so `idle_fraction` is the share of the engine's slots left empty while the clock ran. `submit(detect_at=L)`:
 a rollout longer than L is also delivered as a snapshot (finish reason "detect") when it reaches L tokens, as
-`rollout.events.VLLMServerRollouts` does; aborting it frees its slot at once.
+`rollout.backends.VLLMServerRollouts` does; aborting it frees its slot at once.
 
 The trainer's side of a round: `run_for(s)` lets the engine decode for s seconds while the trainer trains
 (overlap: what it finishes is buffered for `next_completed`); `pause_for(s)` holds it idle, its running
@@ -30,8 +30,8 @@ from ..allocation.arrol import RandomPruning
 from ..allocation.event_rounds import BatchedEventRound
 from ..allocation.pipeline import round_arguments
 from ..allocation.simulate import DriftingPool, build_method
-from .events import Rollout
-from .streaming import StreamDriver, run_round
+from .backends import Rollout
+from .drivers import StreamDriver, run_round
 
 
 class SimulatedRollouts:

@@ -1,5 +1,5 @@
 """Event-driven filling: one round of an allocator's event round (`allocation.event_rounds`) run over a
-rollout engine (`rollout.events`), as slime and ROLL keep their engines full: rollouts are started within a
+rollout backend (`rollout.backends`), as slime and ROLL keep their engines full: rollouts are started within a
 window of `max_inflight`, each is handed back as soon as it ends, the allocator decides on it at once, and
 what it no longer wants (an abandoned prompt's siblings, everything once the round is done) is aborted.
 
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..allocation.allocator import Allocator
     from ..allocation.event_rounds import BatchedEventRound, EventRound
-    from .events import Rollout
+    from .backends import Rollout
 
 
 class RoundDriver:
@@ -99,7 +99,7 @@ class RoundDriver:
                                    "inference server alive? (raise the timeout for long generations)")
         failed = [r for r in batch if (r.finish_reason or "").startswith("error")]
         if failed:  # a rollout the engine could not generate: the round cannot be decided on
-            raise RuntimeError(f"rollout {failed[0].rid} (prompt {failed[0].tag}) failed in the rollout engine: "
+            raise RuntimeError(f"rollout {failed[0].rid} (prompt {failed[0].tag}) failed in the rollout backend: "
                                f"{failed[0].finish_reason[len('error: '):]}")
         if self.detect_at:  # the detection point: prune (abort) or go on, a whole cohort at a time
             ready = self._ready_snapshots(batch)

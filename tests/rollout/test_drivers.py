@@ -1,6 +1,6 @@
-"""Event-driven rounds over rollout engines (rollout/streaming.py): exact accounting whatever the order of
+"""Event-driven rounds over rollout backends (rollout/drivers.py): exact accounting whatever the order of
 events, kept groups mixed, the surplus aborted once the target is reached; the engine model
-(rollout/simulated.py) shows where the wall-clock goes."""
+(rollout/engine_model.py) shows where the wall-clock goes."""
 
 import importlib.util
 from collections import Counter
@@ -11,9 +11,9 @@ from helpers import build_served_model
 
 from trl_alloc.allocation import make_filler
 from trl_alloc.allocation.event_rounds import BatchedEventRound
-from trl_alloc.rollout.events import BatchedRollouts, VLLMServerRollouts
-from trl_alloc.rollout.simulated import SimulatedRollouts
-from trl_alloc.rollout.streaming import run_round
+from trl_alloc.rollout.backends import BatchedRollouts, VLLMServerRollouts
+from trl_alloc.rollout.engine_model import SimulatedRollouts
+from trl_alloc.rollout.drivers import run_round
 
 
 def first_token_even(rollout):
@@ -236,7 +236,7 @@ def test_a_rollout_the_server_cannot_generate_fails_the_round_clearly():
         port = s.getsockname()[1]  # free, nothing listens
     engine = VLLMServerRollouts(f"http://127.0.0.1:{port}", model="m", request_timeout=5)
     try:
-        with pytest.raises(RuntimeError, match="failed in the rollout engine: ConnectionError"):
+        with pytest.raises(RuntimeError, match="failed in the rollout backend: ConnectionError"):
             run_round(ds_round(8, 2, 1), engine, lambda pid: [1, 2], lambda r: 1.0, max_tokens=4, timeout=30)
     finally:
         engine.close()

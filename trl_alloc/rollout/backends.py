@@ -1,5 +1,5 @@
-"""The rollout engine: submit rollouts, receive each one as soon as it finishes, abort the ones still running
-(`rollout.streaming.RoundDriver` runs the fillers' event rounds over it).
+"""The rollout backend: submit rollouts, receive each one as soon as it finishes, abort the ones still running
+(`rollout.drivers.RoundDriver` runs the fillers' event rounds over it).
 
     engine = VLLMServerRollouts("http://127.0.0.1:8000")     # or BatchedRollouts(backend.generate)
     rids = engine.submit(prompt_ids, n=2, max_tokens=64, tag=pid)

@@ -1,4 +1,4 @@
-"""The event-driven rollout interface (rollout/events.py): every submitted rollout comes back exactly once,
+"""The event-driven rollout interface (rollout/backends.py): every submitted rollout comes back exactly once,
 finished or aborted with the tokens it had; the batched backend is exactly one batched generate call; the
 vLLM server backend delivers rollouts as they finish and aborts running ones."""
 
@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 from helpers import build_served_model
 
-from trl_alloc.rollout.events import BatchedRollouts, VLLMServerRollouts
+from trl_alloc.rollout.backends import BatchedRollouts, VLLMServerRollouts
 
 
 def test_batched_rollouts_are_one_generate_call_over_everything_pending(tiny_random_dir):

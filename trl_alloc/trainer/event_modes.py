@@ -1,21 +1,21 @@
 """The event-driven round (`rollout_mode="events"`): the main process runs the filler's event round over a
-rollout engine (`rollout.streaming.RoundDriver`) and every rank scores each batch of ended rollouts.
+rollout backend (`rollout.drivers.RoundDriver`) and every rank scores each batch of ended rollouts.
 
     driver (main process only)                         every rank
     poll(): start what the filler asks, wait  ──►  the ended rollouts, broadcast
                                                    rows = scored across ranks (TRL's reward step)
     observe(rows): decide, abort the surplus  ◄──  the rows
 
-The engine: vLLM server mode streams one request per rollout (`rollout.events.VLLMServerRollouts`, after
+The engine: vLLM server mode streams one request per rollout (`rollout.backends.VLLMServerRollouts`, after
 the usual weight push). ARROL prunes inside that stream: the quality head's weights go to the server with
 the weights, the worker scores each rollout at `detect_length` tokens, and the main process decides a
 cohort (one submission's rollouts) at a time; pruned rollouts are aborted in the engine, survivors go on in
-the same request (`rollout.streaming`). Otherwise the rollouts pending at each poll are generated together by TRL's
+the same request (`rollout.drivers`). Otherwise the rollouts pending at each poll are generated together by TRL's
 generation step across the ranks (`BatchedRollouts` without a generate function), so ZeRO-3 works and a run
 is reproducible. The order of events stays on the main process, which writes it to the round log
 (`output_dir/allocation/rounds.jsonl`, one line per round); it is not broadcast.
 
-`rollout_mode="stream"` keeps one `rollout.streaming.StreamDriver` across rounds: a round closes once it has
+`rollout_mode="stream"` keeps one `rollout.drivers.StreamDriver` across rounds: a round closes once it has
 its groups or has started its budget; its open groups (and their rollouts in flight) go on into the next
 round, which is opened and starts submitting *before* this round's rows are returned to TRL's optimizer step,
 so a vLLM server generates while the trainer trains. Each weight push pauses the server with vLLM's
@@ -29,8 +29,8 @@ in flight are named in it and dropped if the run resumes from there (spent, neve
 import contextlib
 
 from ..rollout.colocate import RankedRollouts, RankEngine, VLLMColocateRollouts
-from ..rollout.events import BatchedRollouts, VLLMServerRollouts
-from ..rollout.streaming import RoundDriver, StreamDriver
+from ..rollout.backends import BatchedRollouts, VLLMServerRollouts
+from ..rollout.drivers import RoundDriver, StreamDriver
 from .trl_compat import (colocate_llm, sleep_colocate_engine, sync_vllm_weights, tokenize_prompts, vllm_server_url,
                          wake_colocate_engine)
 
@@ -72,8 +72,8 @@ class EventRoundMixin:
         (`rollout.colocate.RankedRollouts`; the other ranks follow it inside each `_main_call`)."""
         return self.colocate and self.accelerator.num_processes > 1
 
-    def _rollout_engine(self):
-        """The rollout engine (main process; with `colocate_ranks`, every rank: the main process gets the ranked
+    def _rollout_backend(self):
+        """The rollout backend (main process; with `colocate_ranks`, every rank: the main process gets the ranked
         engine, the others their own part of it, kept in `_ranks`)."""
         args = self.args
         if not self.use_vllm:
@@ -161,7 +161,7 @@ class EventRoundMixin:
     def _event_round(self):
         driver, prompt_ids_of = None, self._prompt_ids_of
         main = self.accelerator.is_main_process
-        rollouts = self._rollout_engine() if main or self.colocate_ranks else None
+        rollouts = self._rollout_backend() if main or self.colocate_ranks else None
 
         if main:
             driver = RoundDriver(self.allocator, rollouts, prompt_ids_of,
@@ -192,7 +192,7 @@ class StreamRoundMixin:
     def _stream_driver(self):
         main = self.accelerator.is_main_process
         if self._stream is None and self._ranks is None and (main or self.colocate_ranks):
-            rollouts = self._rollout_engine()
+            rollouts = self._rollout_backend()
             if main:
                 self._stream = StreamDriver(rollouts, self._prompt_ids_of, self.args.max_completion_length,
                                             self.rollout_window,
