@@ -32,6 +32,7 @@ setup(
     },
     entry_points={"console_scripts": [
         "trl-alloc-train=trl_alloc.cli.train:main",   # TRL: `trl grpo`
+        "trl-alloc-launch=trl_alloc.cli.launch:main",  # `accelerate launch` of train.py, our last lines and status
         "trl-alloc-serve=trl_alloc.serving.cli:main",  # TRL: `trl vllm-serve`
         "trl-alloc-eval=trl_alloc.cli.eval:main",
         "trl-alloc-plan=trl_alloc.cli.plan:main",

@@ -332,6 +332,26 @@ def test_a_refused_run_under_accelerate_quiet_ends_with_our_message(tmp_path):
     assert "CalledProcessError" not in proc.stderr
 
 
+def test_trl_alloc_launch_on_two_processes_ends_with_our_message_and_status(tmp_path):
+    """`trl-alloc-launch` (accelerate launch of train.py): on two processes torchrun's failure report comes first, the
+    main process's refusal is the last line, and the status is train.py's 3, not accelerate's 1."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "trl_alloc.cli.launch", "--config_file",
+         str(ROOT / "configs" / "accelerate" / "zero2.yaml"), "--",
+         "--model_name_or_path", "tiny", "--dataset_name", "builtin:arithmetic", "--num_builtin_prompts", "64",
+         "--output_dir", str(tmp_path / "o"), "--per_device_train_batch_size", "16", "--num_generations", "8",
+         "--round_capacity", "8", "--rollout_budget", "4096", "--use_cpu", "--report_to", "none"],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("[trl-alloc] the run was refused: ValueError: `rollout_budget` (4096 responses)"), last
+    assert proc.stderr.count("[trl-alloc] the run was refused") == 2  # the main process's, then repeated last
+    from trl_alloc.cli.launch import main
+
+    with pytest.raises(SystemExit, match="put train.py's arguments after `--`"):
+        main(["configs/demo.yaml", "--", "--output_dir", "o"])
+
+
 def test_api_type_errors_and_tau_low_auto_everywhere(tmp_path):
     from trl import TrlParser
 
@@ -437,6 +457,10 @@ def test_bad_rows_are_refused_at_load_with_their_numbers(tmp_path, capsys):
     out = capsys.readouterr().out
     assert ("1 chat prompt(s) with role 'human' (rows 1)" in out
             and "2 chat prompt(s) with no 'user' turn (rows 1, 2)" in out)
+    from trl_alloc.tasks.data import check_prompts
+
+    check_prompts(load_prompt_dataset(str(path))["prompt"], "`train_dataset`")  # the trainer checks the same rows
+    assert "WARNING" not in capsys.readouterr().out  # each warning once, not once per check
 
 
 def test_api_inputs_refused_at_construction(tmp_path):

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 
 from trl import ModelConfig, TrlParser, get_peft_config
+from trl_alloc.cli.launch import write_outcome
 
 
 @dataclass
@@ -118,7 +119,9 @@ def main(argv=None):
             import traceback
 
             traceback.print_exc()
-            print(f"\n[trl-alloc] the run was refused: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            message = f"[trl-alloc] the run was refused: {type(exc).__name__}: {exc}"
+            print(f"\n{message}", file=sys.stderr, flush=True)
+            write_outcome(EXIT_REFUSED, message)
         else:  # every rank refuses alike: the others leave after the main process has said why
             import time
 
@@ -229,9 +232,10 @@ def _main(argv=None):
     trainer.accelerator.end_training()  # trackers closed, process group destroyed: a clean exit on every rank
     if not any(trained_groups(h) > 0 for h in trainer.allocator.history):
         if state.is_main_process:
-            print("[trl-alloc] nothing was trained: no round had a group with a non-zero advantage (see the warning "
-                  "above and "
-                  f"{os.path.join(training_args.output_dir, 'allocation', 'summary.json')}).")
+            message = ("[trl-alloc] nothing was trained: no round had a group with a non-zero advantage (see the "
+                       f"warning above and {os.path.join(training_args.output_dir, 'allocation', 'summary.json')}).")
+            print(message)
+            write_outcome(EXIT_NOTHING_TRAINED, message)
         sys.exit(EXIT_NOTHING_TRAINED)
 
 

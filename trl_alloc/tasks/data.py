@@ -121,11 +121,24 @@ def check_prompts(prompts, where):
         raise ValueError(f"{where} has {len(empty)} empty prompt(s) (rows {_rows(empty)}); remove them or give them "
                          "text: an empty prompt has nothing to generate from.")
     for role, rows in odd_roles.items():
-        print(f"[trl-alloc] WARNING: {where}: {len(rows)} chat prompt(s) with role {role!r} (rows {_rows(rows)}); "
-              f"chat templates know {sorted(CHAT_ROLES)} and may drop or reject others.")
+        _warn_once(("role", role, repr([prompts[i] for i in rows[:3]])),
+                   f"[trl-alloc] WARNING: {where}: {len(rows)} chat prompt(s) with role {role!r} (rows "
+                   f"{_rows(rows)}); chat templates know {sorted(CHAT_ROLES)} and may drop or reject others.")
     if no_user:
-        print(f"[trl-alloc] WARNING: {where}: {len(no_user)} chat prompt(s) with no 'user' turn (rows "
-              f"{_rows(no_user)}); the model is asked to answer nothing a user said.")
+        _warn_once(("no user", repr([prompts[i] for i in no_user[:3]])),
+                   f"[trl-alloc] WARNING: {where}: {len(no_user)} chat prompt(s) with no 'user' turn (rows "
+                   f"{_rows(no_user)}); the model is asked to answer nothing a user said.")
+
+
+_WARNED = set()
+
+
+def _warn_once(key, message):
+    """Print a data warning once per process: the CLI checks the dataset it loads, then the trainer checks the same
+    rows again."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        print(message)
 
 
 def check_prompt_lengths(prompts, tokenize, max_completion_length, positions, candidates=32):
