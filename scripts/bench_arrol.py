@@ -4,7 +4,7 @@
 One vLLM server (CPU, started by this script) serves every run. Identical settings for every variant:
 embedded tiny model and arithmetic prompts, seed, rounds, num_generations, batch, the paper's
 ``pacing="uniform", filling="full"``; ``random`` and ``arrol`` prune at ``detect_length`` with keep ratio
-κ (``--keep_ratio``) after ``--cold_start_steps`` rounds without pruning.
+κ (``--keep_ratio``) after ``--cold_start_rounds`` rounds without pruning.
 
 Every run pushes its weights into the server, so before each run the base weights are pushed back through
 the client's weight push (``AllocVLLMClient.update_weights``) and the server's checksum is checked against
@@ -55,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--keep_ratio", type=float, default=0.5, help="κ")
     p.add_argument("--learning_rate", type=float, default=1e-4,
                    help="policy learning rate (the embedded recipe's; 3e-4 and above destabilise the tiny model)")
-    p.add_argument("--cold_start_steps", type=int, default=2)
+    p.add_argument("--cold_start_rounds", type=int, default=2)
     p.add_argument("--levels", default=None,
                    help="comma-separated arithmetic difficulty levels 1..5 (default: all); '5' gives the longest "
                    "answers (3-4 digit sums/products), i.e. the most tokens after detect_length")
@@ -118,7 +118,7 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
                          opts.max_completion_length, opts.seed, learning_rate=opts.learning_rate),
         num_rounds=opts.rounds, max_steps=opts.rounds,
         pacing="uniform", filling="full", pruning=variant, detect_length=opts.detect_length,
-        keep_ratio=opts.keep_ratio, cold_start_steps=opts.cold_start_steps, head_hidden_size=64,
+        keep_ratio=opts.keep_ratio, cold_start_rounds=opts.cold_start_rounds, head_hidden_size=64,
         head_learning_rate=1e-2,
         use_vllm=True, vllm_mode="server", vllm_server_base_url=server_url, vllm_server_timeout=120,
     )
@@ -146,7 +146,7 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
 
     hist = trainer.allocator.history
     logs = [h for h in trainer.state.log_history if "alloc/round" in h]
-    cold = opts.cold_start_steps if variant != "none" else 0
+    cold = opts.cold_start_rounds if variant != "none" else 0
 
     def per_round(key):
         return [h.get(key) for h in logs]
@@ -157,7 +157,7 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
 
     tpe_all, tok_all, eff_all = ratio(hist)
     # same rounds for every variant ("after cold start" = rounds cold+1..R, where pruning is active)
-    tpe_post, tok_post, eff_post = ratio(hist[opts.cold_start_steps:])
+    tpe_post, tok_post, eff_post = ratio(hist[opts.cold_start_rounds:])
     saved = [x for x in per_round("pruning/tokens_saved") if x is not None]
     acc = [x for x in per_round("arrol/head_accuracy") if x is not None]
     auc = [x for x in per_round("arrol/head_auc") if x is not None]
@@ -168,9 +168,9 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
     out = {
         "variant": variant, "train_s": train_s, "steps": len(timer.steps), "step_s": timer.steps,
         "median_step_s": statistics.median(timer.steps),
-        "median_step_s_post_cold": statistics.median(timer.steps[opts.cold_start_steps:] or timer.steps),
+        "median_step_s_post_cold": statistics.median(timer.steps[opts.cold_start_rounds:] or timer.steps),
         "gen_s_per_step": gen["per_step"], "median_gen_s": statistics.median(gen["per_step"]),
-        "median_gen_s_post_cold": statistics.median(gen["per_step"][opts.cold_start_steps:] or gen["per_step"]),
+        "median_gen_s_post_cold": statistics.median(gen["per_step"][opts.cold_start_rounds:] or gen["per_step"]),
         "generation_calls": gen["calls"],
         "pruning_generation_s": [x for x in per_round("pruning/generation_s") if x is not None],
         "responses": sum(h["responses"] for h in hist), "pruned": sum(h["pruned"] for h in hist),
@@ -243,7 +243,7 @@ def main(argv=None):
     print(f"[bench] model {model_dir}; {len(dataset)} prompts (levels {opts.levels or 'all'}); rounds={opts.rounds} "
           f"k={opts.num_generations} batch={opts.batch} detect_length={opts.detect_length} "
           f"max_completion_length={opts.max_completion_length} κ={opts.keep_ratio} "
-          f"cold_start_steps={opts.cold_start_steps}", flush=True)
+          f"cold_start_rounds={opts.cold_start_rounds}", flush=True)
 
     t = time.perf_counter()
     server = start_server(model_dir, timeout=opts.server_timeout,

@@ -29,7 +29,7 @@ from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
 L, MAX_LEN = 2, 6  # detect_length, max_completion_length
 EOS_BIAS = {"sequence_bias": [[[1], 1.5]]}  # eos id 1: ~1 in 3 rollouts stops within its first 2 tokens
 ARROL = dict(pacing="uniform", filling="full", pruning="arrol", detect_length=L, max_completion_length=MAX_LEN,
-             cold_start_steps=1, head_hidden_size=16, head_learning_rate=1e-2, num_generations=8,
+             cold_start_rounds=1, head_hidden_size=16, head_learning_rate=1e-2, num_generations=8,
              per_device_train_batch_size=16, generation_kwargs=EOS_BIAS)
 
 
@@ -315,7 +315,7 @@ def test_lora_policy_with_head_as_side_adapter(tmp_path):
     (dict(survival_min=0.6, survival_max=0.4), "must not exceed"),
     (dict(keep_ratio=0.0), "keep_ratio"),
     (dict(head_learning_rate=0.0), "head_learning_rate"),
-    (dict(cold_start_steps=-1), "cold_start_steps"),
+    (dict(cold_start_rounds=-1), "cold_start_rounds"),
 ])
 def test_bad_pruning_config(tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")):
@@ -355,7 +355,7 @@ def test_two_process_zero3_ranks_agree_on_pruning(tmp_path):
 
     root = str(ROOT)
     extra = {"probe": 1, "commit_min": 3, "pruning": "arrol", "detect_length": L, "max_completion_length": 5,
-             "cold_start_steps": 1, "head_hidden_size": 16}
+             "cold_start_rounds": 1, "head_hidden_size": 16}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            os.path.join(root, "configs", "accelerate", "zero3.yaml"), "--main_process_port", "0",
            os.path.join(root, "tests", "trainer", "dist_smoke.py"), str(tmp_path), "cero", "sara", json.dumps(extra)]

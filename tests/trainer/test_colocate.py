@@ -139,7 +139,7 @@ def test_colocate_stream_prunes_in_the_engine(tmp_path):
     """ARROL inside a stream (colocate engine): the worker scores each rollout at detect_length, pruned rollouts are
     aborted there (spent, logged as "prune", never trained), the head is re-sent after each push; budget exact."""
     args = dict(pacing="uniform", filling="full", num_rounds=4, rollout_budget=32, rollout_mode="stream",
-                max_staleness=2, temperature=1.5, pruning="arrol", detect_length=4, cold_start_steps=0,
+                max_staleness=2, temperature=1.5, pruning="arrol", detect_length=4, cold_start_rounds=0,
                 head_hidden_size=16, keep_ratio=0.5)
     got = run("train", tmp_path / "out", args=args)
     trained = check_accounting(got, max_staleness=2, stream=True)

@@ -18,3 +18,11 @@ def test_every_added_field_is_documented_once_in_a_group():
         if f.name in added:
             assert f"        {f.name} (`" in doc and f.metadata["help"].split()[0] in doc
     assert "        overlong_buffer (`int | None`, *optional*):" in AllocDAPOConfig.__doc__
+
+
+def test_the_deprecated_cold_start_steps_still_sets_cold_start_rounds(tmp_path):
+    import pytest
+
+    with pytest.warns(FutureWarning, match="`cold_start_steps` is renamed `cold_start_rounds`"):
+        args = AllocGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], cold_start_steps=3)
+    assert args.cold_start_rounds == 3 and args.cold_start_steps is None

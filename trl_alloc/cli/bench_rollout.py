@@ -97,7 +97,7 @@ def method_config(method, args, out):
                            max_completion_length=args.max_completion_length, temperature=args.temperature,
                            rollout_max_inflight=args.max_inflight, seed=args.seed, use_cpu=True, report_to=[],
                            max_generation_batches=10, tau_low=0.45, history_decay=None,
-                           detect_length=args.detect_length, cold_start_steps=args.cold_start, head_hidden_size=64,
+                           detect_length=args.detect_length, cold_start_rounds=args.cold_start, head_hidden_size=64,
                            max_staleness=args.max_staleness, **fields)
 
 

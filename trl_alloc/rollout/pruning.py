@@ -17,7 +17,7 @@ Pruned rollouts are spent budget: they count as responses (and their ``detect_le
 tokens) for the pacer and filler, with no reward, and never reach the reward functions' results,
 the log-probabilities or the loss. ``pruning="random"`` keeps each eligible rollout with
 probability ``keep_ratio`` (the paper's control, no head). Both prune only after
-``cold_start_steps`` rounds.
+``cold_start_rounds`` rounds.
 
 **In the engine.** With `rollout_mode="events"` and vLLM, none of this runs: the worker extension scores
 each streamed rollout at the detection point, pruned rollouts are aborted in the engine and survivors go
@@ -63,7 +63,7 @@ class RolloutPruner:
         self.max_completion_length = int(args.max_completion_length)
         self.policy = policy(
             keep_ratio=args.keep_ratio, target_ratio=args.target_ratio, slope=args.survival_slope,
-            p_min=args.survival_min, p_max=args.survival_max, cold_start_rounds=args.cold_start_steps,
+            p_min=args.survival_min, p_max=args.survival_max, cold_start_rounds=args.cold_start_rounds,
             calibration_bins=args.calibration_bins, calibration_buffer=args.calibration_buffer,
             calibration_alpha=args.calibration_alpha, seed=seed)
         self.totals = {"eligible": 0, "pruned": 0, "tokens_saved": 0.0}

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import numbers
 import textwrap
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -152,8 +153,10 @@ class AllocGRPOConfig(GRPOConfig):
         "help": "ARROL slope λ of the survival probability p = clip(κ + δ + λ(ρ − q), p_min, p_max)."})
     survival_min: float = field(default=0.1, metadata={"help": "ARROL lower clip p_min of survival probabilities."})
     survival_max: float = field(default=0.9, metadata={"help": "ARROL upper clip p_max of survival probabilities."})
-    cold_start_steps: int = field(default=20, metadata={
+    cold_start_rounds: int = field(default=20, metadata={
         "help": "ARROL rounds without pruning at the start (the head and calibrator learn from every rollout)."})
+    cold_start_steps: int | None = field(default=None, metadata={
+        "help": "Deprecated name of `cold_start_rounds` (it counts rounds, not optimizer steps)."})
     head_hidden_size: int = field(default=256, metadata={
         "help": "Width of the quality head's hidden layer (2-layer MLP on the policy's last hidden state)."})
     head_learning_rate: float = field(default=1e-3, metadata={
@@ -291,8 +294,12 @@ class AllocGRPOConfig(GRPOConfig):
         return self.steps_per_generation // self.gradient_accumulation_steps * self.num_iterations
 
     def _check_pruning(self):
+        if self.cold_start_steps is not None:
+            warnings.warn("`cold_start_steps` is renamed `cold_start_rounds` (it counts rounds); using "
+                          f"cold_start_rounds={self.cold_start_steps}.", FutureWarning, stacklevel=3)
+            self.cold_start_rounds, self.cold_start_steps = self.cold_start_steps, None
         for name, lo in (("detect_length", 1), ("head_hidden_size", 1), ("calibration_bins", 1),
-                         ("calibration_buffer", 1), ("cold_start_steps", 0)):
+                         ("calibration_buffer", 1), ("cold_start_rounds", 0)):
             if int(getattr(self, name)) < lo:
                 raise ValueError(f"`{name}` must be >= {lo}, got {getattr(self, name)}.")
         for name in ("target_ratio", "survival_min", "survival_max"):
@@ -381,8 +388,8 @@ PARAMETER_GROUPS = {
         "rollout_mode", "max_staleness", "rollout_max_inflight", "sara_overcommit"),
     "ARROL (arXiv 2603.24840)": (
         "detect_length", "prune_undecided", "keep_ratio", "target_ratio", "survival_slope", "survival_min",
-        "survival_max", "cold_start_steps", "head_hidden_size", "head_learning_rate", "calibration_bins",
-        "calibration_buffer", "calibration_alpha"),
+        "survival_max", "cold_start_rounds", "cold_start_steps", "head_hidden_size", "head_learning_rate",
+        "calibration_bins", "calibration_buffer", "calibration_alpha"),
 }
 
 
