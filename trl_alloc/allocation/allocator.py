@@ -277,7 +277,7 @@ class Allocator:
                 "pacer": self.pacer.state_dict(), "filler": self.filler.state_dict(),
                 "pruner": None if self.pruner is None else self.pruner.state_dict(),
                 "counters": dict(self.counters), "budget_exhausted": self.budget_exhausted,
-                "history": self.history, "exposure": self.exposure}
+                "history": self.history, "exposure": self.exposure.tolist()}
 
     def load_state_dict(self, state: dict, where: str = "allocation state", check_plan: bool = True) -> None:
         """Restore a `state_dict`; an older version is migrated, a newer one or another plan is refused."""

@@ -170,8 +170,8 @@ class KnapsackPacer(UniformPacer):
         if self.min_n > group_size:
             raise ValueError(f"`min_n` ({self.min_n}) must not exceed `group_size` ({group_size}).")
         self.history = check_int("history", history, 1)
-        self.hist_sum = np.zeros(num_prompts)
-        self.hist_len = np.zeros(num_prompts, np.int64)
+        self.hist_sum = np.zeros(self.num_prompts)
+        self.hist_len = np.zeros(self.num_prompts, np.int64)
 
     def success_rate(self) -> np.ndarray:
         return np.where(self.hist_len > 0, self.hist_sum / np.maximum(self.hist_len, 1), 0.5)

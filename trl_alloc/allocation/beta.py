@@ -71,5 +71,5 @@ class BetaState:
             raise ValueError(f"Beta state holds {a.shape[0]} prompts but this pool has {self.num_prompts}; "
                              "resume with the same training dataset.")
         self.a, self.b = a, b
-        self.a0, self.b0 = state["prior"]
-        self.forgetting = state["forgetting"]
+        self.a0, self.b0 = check_prior("prior", state["prior"])
+        self.forgetting = check_open_unit("forgetting", state["forgetting"], high_closed=True)

@@ -108,7 +108,7 @@ class CheckpointMixin:
                 "dataset_fingerprint": dataset_fingerprint(self.train_dataset["prompt"])}
 
     def allocation_state(self):
-        """The engine's state as plain JSON-serialisable data (what checkpoints hold), with the run's
+        """The allocator's state as plain JSON-serialisable data (what checkpoints hold), with the run's
         per-round history, so the report after a resume covers the whole run. Stream mode: the state at the
         last close (the next round is already open), with what became of the rollouts then in flight."""
         note = self.stream_note()
@@ -125,7 +125,7 @@ class CheckpointMixin:
                   f"open at this checkpoint; they were spent (counted in the budget) and are not trained.")
 
     def _allocator_snapshot(self):
-        """The engine's state at the start of a round (a failed round is rolled back to it before the
+        """The allocator's state at the start of a round (a failed round is rolled back to it before the
         rescue checkpoint; without checkpoints there is nothing to roll back for)."""
         if not self.accelerator.is_main_process or self.args.save_strategy == "no":
             return None
