@@ -37,8 +37,9 @@ def test_every_builtin_builds_from_the_config_through_its_class(tmp_path):
                 continue
             pacer, filler = build_stages(args, num_prompts=16, num_rounds=4)
             assert type(pacer) is method_class("pacing", pacing) and type(filler) is method_class("filling", filling)
-            assert (filler.group_size == 4 and pacer.remaining_responses == args.budget_for(4)
-                    or pacing == "random_matched")
+            assert filler.group_size == 4
+            if pacing != "random_matched":  # (it spends the reference log's total, not the config's budget)
+                assert pacer.remaining_responses == args.budget_for(4)
 
 
 def test_a_users_own_pacer_trains_by_its_import_path(tmp_path):

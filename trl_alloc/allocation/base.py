@@ -52,7 +52,26 @@ class RunContext:
     reference: list | None = None
 
 
-class Pacer:
+class ConfiguredMethod:
+    """What every registered method shares: its name, the keys of its own hyperparameters in the config's
+    `<stage>_kwargs`, and how it is built from and checked against the config
+    (docs/architecture.md#adding-a-method)."""
+
+    method_name = None  # set by `registry.register`
+    config_kwargs = ()  # the keys it reads from the config's `pacing_kwargs` / `filling_kwargs`
+
+    @classmethod
+    def from_config(cls, args: Any, context: RunContext) -> ConfiguredMethod:
+        """The method `args` configures for `context` (a filler's `context.pacer`: the pacer it is paired with)."""
+        raise NotImplementedError(f"{cls.__name__} must define from_config(args, context) to be named in a config "
+                                  "(docs/architecture.md#adding-a-method).")
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        """Refuse settings this method cannot run with (called when the config is validated)."""
+
+
+class Pacer(ConfiguredMethod):
     """Across-round stage. Subclasses set ``num_prompts``, ``unit_size`` and ``remaining_responses``.
 
     A registered pacer builds itself with ``from_config(args, context)`` (`args`: an `AllocGRPOConfig` or any
@@ -62,21 +81,9 @@ class Pacer:
     num_prompts: int
     unit_size: int
     remaining_responses: int
-    method_name = None      # set by `registry.register`
     paces_budget = False    # True: the proposal's units × unit_size is the round's spend (CERO family)
     budget_in_units = False  # True: `rollout_budget` must be a whole number of `unit_size` responses
     round_limit_field = "prompts_per_round"  # the config field that bounds one round's spend
-    config_kwargs = ()  # the keys it reads from the config's `pacing_kwargs` (its own hyperparameters)
-
-    @classmethod
-    def from_config(cls, args: Any, context: RunContext) -> Pacer:
-        """The pacer `args` configures for `context`."""
-        raise NotImplementedError(f"{cls.__name__} must define from_config(args, context) to be named in a config "
-                                  "(docs/architecture.md#adding-a-method).")
-
-    @classmethod
-    def check_config(cls, args: Any) -> None:
-        """Refuse settings this pacer cannot run with (called when the config is validated)."""
 
     @classmethod
     def budget_for(cls, args: Any, num_rounds: int) -> int:
@@ -120,26 +127,14 @@ class Pacer:
         raise NotImplementedError
 
 
-class Filler:
+class Filler(ConfiguredMethod):
     """Within-round stage: `start_round` (batched requests) and `start_event_round` (one rollout at a time) open a
     `Round` over a stream of prompts. `group_size` is k; `oversample` is the round's response cap, in groups of the
     target, when the pacer does not pace spend."""
 
-    method_name = None  # set by `registry.register`
     group_size: int
     oversample = 1
     adaptive = True  # False: every admitted prompt gets its full group, nothing is decided within the round
-    config_kwargs = ()  # the keys it reads from the config's `filling_kwargs`
-
-    @classmethod
-    def from_config(cls, args: Any, context: RunContext) -> Filler:
-        """The filler `args` configures for `context` (`context.pacer`: the pacer it is paired with)."""
-        raise NotImplementedError(f"{cls.__name__} must define from_config(args, context) to be named in a config "
-                                  "(docs/architecture.md#adding-a-method).")
-
-    @classmethod
-    def check_config(cls, args: Any) -> None:
-        """Refuse settings this filler cannot run with (called when the config is validated)."""
 
     @classmethod
     def smallest_group(cls, args: Any) -> int:
