@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import requests
+from scipy.optimize import nnls
 
 from ..allocation.allocator import Allocator
 from ..allocation.event_rounds import BatchedEventRound
@@ -252,7 +253,8 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
 def measure_step_time(base_url, prompt_ids, running=(1, 8, 16, 32, 64), tokens=48):
     """Seconds of one decode step with n rollouts running on the live server: n streamed requests of exactly
     `tokens` tokens (EOS ignored) at once, wall seconds / tokens (one prefill included), after one warm-up
-    request; then the least-squares line a + b·n that `rollout.engine_model.SimulatedRollouts(step_s=(a, b))` takes."""
+    request; then the non-negative least-squares line a + b·n that
+    `rollout.engine_model.SimulatedRollouts(step_s=(a, b))` takes."""
     points = []
     for i, n in enumerate((1, *running)):  # the first run warms the server up (its first requests are slower)
         rollouts = VLLMServerRollouts(base_url, temperature=1.0, max_inflight=n, request_timeout=600,
@@ -266,7 +268,9 @@ def measure_step_time(base_url, prompt_ids, running=(1, 8, 16, 32, 64), tokens=4
                 points.append((n, (time.perf_counter() - t0) / tokens))
         finally:
             rollouts.close()
-    b, a = np.polyfit([n for n, _ in points], [t for _, t in points], 1)
+    # non-negative least squares (a step time and its growth with the batch cannot be negative; on a tiny model the
+    # timings' noise can tilt a plain fit below zero); the same as the plain fit whenever that one is non-negative
+    (a, b), _ = nnls(np.array([[1.0, n] for n, _ in points]), np.array([t for _, t in points]))
     return {"points": points, "a_s": float(a), "b_s": float(b)}
 
 
