@@ -1,4 +1,4 @@
-"""The fillers' event rounds (allocation/event_rounds.py, sara.SARAEventRound, baselines.DynamicSamplingEventRound)
+"""The fillers' event rounds (allocation/event_rounds.py, sara.SARARound, baselines.DynamicSamplingRound)
 fed one rollout at a time in random orders: exact accounting, SARA's rule on every decision, and an engine run
 that resumes identically."""
 
@@ -60,12 +60,14 @@ def test_sara_event_round_accounts_exactly_and_applies_eq3_on_every_decision(see
 
 
 def test_sara_event_round_admits_by_expected_groups():
-    """Admission stops once committed + sum(p_eff) of the active prompts reaches overcommit × target."""
+    """The paper's refill first (target prompts, n0 probes each); then, while rollouts run, extra prompts into the
+    free window until committed + sum(p_eff) of the active prompts reaches overcommit × target."""
     filler = make_filler("sara", group_size=8, probe=2, overcommit=1.5)
     rnd = filler.start_event_round(np.arange(100), budget=10_000, target_groups=4)
-    first = rnd.submissions(1000)
+    assert rnd.submissions(1000) == [(0, 2), (1, 2), (2, 2), (3, 2)]  # nothing in flight: Algorithm 1, line 10
+    extra = rnd.submissions(1000)
     fresh = effective_probability(0, 0, 8)  # 7/9 for the uniform prior
-    assert len(first) == int(np.ceil(4 * 1.5 / fresh)) and all(n == 2 for _, n in first)
+    assert 4 + len(extra) == int(np.ceil(4 * 1.5 / fresh)) and all(n == 2 for _, n in extra)
     assert rnd.submissions(1000) == []  # nothing more until something ends
     with pytest.raises(ValueError, match="overcommit"):
         make_filler("sara", group_size=8, overcommit=0.5)

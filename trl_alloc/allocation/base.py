@@ -3,8 +3,9 @@
 A **pacer** (across rounds) says which prompts are admitted this round and with how many
 allocation units (``propose``), ranks the round's prompts (``ranked_prompts``: a filler's stream),
 and learns from the round's per-prompt outcomes (``update``). A **filler** (within a round) turns
-a stream, a response budget and a target number of groups into batched generation requests and
-decides which groups reach the loss.
+a stream, a response budget and a target number of groups into generation requests and decides
+which groups reach the loss. Each filler has one round (`event_rounds.EventRound`); deterministic mode
+drives it over a synchronous backend (`event_rounds.SynchronousRound`).
 
 Driving loop (the trainer and every simulator use exactly this)::
 
@@ -19,7 +20,6 @@ Driving loop (the trainer and every simulator use exactly this)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ import numpy as np
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
-    from .event_rounds import BatchedEventRound, EventRound
+    from .event_rounds import EventRound, SynchronousRound
 
 SUCCESS_THRESHOLD = 0.5  # default: a response succeeds when its success score is >= 0.5
 
@@ -128,9 +128,10 @@ class Pacer(ConfiguredMethod):
 
 
 class Filler(ConfiguredMethod):
-    """Within-round stage: `start_round` (batched requests) and `start_event_round` (one rollout at a time) open a
-    `Round` over a stream of prompts. `group_size` is k; `oversample` is the round's response cap, in groups of the
-    target, when the pacer does not pace spend."""
+    """Within-round stage: `start_event_round` opens the filler's one round over a stream of prompts (an
+    `event_rounds.EventRound`, fed one rollout at a time); `start_round` is that round over a synchronous
+    backend. `group_size` is k; `oversample` is the round's response cap, in groups of the target, when the pacer
+    does not pace spend."""
 
     group_size: int
     oversample = 1
@@ -160,15 +161,19 @@ class Filler(ConfiguredMethod):
             spend = min(self.oversample * target * self.group_size, pacer.remaining_responses)
         return {"stream": stream, "budget": spend, "target_groups": target}
 
-    def start_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
-                    counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
-                    prior_b: ArrayLike | None = None) -> Round:
-        raise NotImplementedError
+    def start_round(self, stream: ArrayLike, *args: Any, **kwargs: Any) -> SynchronousRound:
+        """`start_event_round`'s round (same arguments, without `carry`) over a synchronous backend: deterministic
+        mode (`event_rounds.SynchronousRound`)."""
+        from .event_rounds import SynchronousRound
+
+        return SynchronousRound(self.start_event_round(stream, *args, **kwargs))
 
     def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
                           counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
                           prior_b: ArrayLike | None = None, carry: dict[int, dict] | None = None,
-                          wait_for_groups: bool = False) -> EventRound | BatchedEventRound:
+                          wait_for_groups: bool = False) -> EventRound:
+        """The filler's one round (an `event_rounds.EventRound`) over `stream`, spending at most `budget` responses
+        toward `target_groups` groups; `carry` and `wait_for_groups`: stream mode, see `event_rounds`."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -179,7 +184,7 @@ class Filler(ConfiguredMethod):
 
 
 class Round:
-    """Within-round state machine returned by ``Filler.start_round``.
+    """The accounting every filler's round shares (its state machine: `event_rounds.EventRound`).
 
     Attributes filled as the round runs: ``spent`` (responses generated), ``groups`` (prompt ids
     whose responses go to the loss, in commit order), ``effective`` (how many of those are mixed),
@@ -188,8 +193,8 @@ class Round:
     (dict prompt id -> responses whose reward is NaN: no reward function could score them).
 
     Pruned and unscored responses are spent budget with no reward: they count in ``spent`` and in the
-    ``responses`` of ``outcomes``, never as a success or a failure, and fillers see only the
-    observed (completed) rewards in ``_advance``.
+    ``responses`` of ``outcomes``, never as a success or a failure; fillers decide on the observed
+    (completed) rewards only.
     """
 
     success_threshold = SUCCESS_THRESHOLD
@@ -201,56 +206,9 @@ class Round:
         self.effective = 0
         self.successes, self.failures, self.pruned, self.unscored = {}, {}, {}, {}
         self.generation_calls = 0
-        self._pending = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @property
     def done(self) -> bool:
-        raise NotImplementedError
-
-    def requests(self) -> tuple[np.ndarray, np.ndarray]:
-        """(prompt_ids, counts) to generate now, in one batched call; empty arrays when done."""
-        return self._pending
-
-    def observe(self, rewards: Sequence[ArrayLike], pruned: Sequence[ArrayLike] | None = None) -> None:
-        """Rewards for the last request: a list aligned with ``prompt_ids``, entry j of length counts[j].
-
-        ``pruned`` (optional, aligned like ``rewards``): boolean masks of the responses pruned before
-        they finished (ARROL). Their reward entries are ignored (any value, NaN included); they are
-        spent responses but neither successes nor failures. A NaN reward of a finished response is an
-        unscored response, treated the same way and counted in ``unscored``.
-        """
-        ids, counts = self._pending
-        if len(rewards) != len(ids):
-            raise ValueError(f"`rewards` must hold one array per requested prompt ({len(ids)}), got {len(rewards)}.")
-        if pruned is not None and len(pruned) != len(ids):
-            raise ValueError(f"`pruned` must hold one mask per requested prompt ({len(ids)}), got {len(pruned)}.")
-        binary, observed = [], []
-        for j, (pid, n) in enumerate(zip(ids.tolist(), counts.tolist())):
-            r = np.asarray(rewards[j], dtype=float).reshape(-1)
-            if r.size != n:
-                raise ValueError(f"prompt {pid}: expected {n} rewards, got {r.size}.")
-            cut = np.zeros(n, bool) if pruned is None else np.asarray(pruned[j], dtype=bool).reshape(-1)
-            if cut.size != n:
-                raise ValueError(f"prompt {pid}: expected a pruned mask of {n} entries, got {cut.size}.")
-            nan = np.isnan(r) & ~cut
-            r = r[~cut & ~nan]
-            s = int(is_success(r, self.success_threshold).sum())
-            self.successes[pid] = self.successes.get(pid, 0) + s
-            self.failures[pid] = self.failures.get(pid, 0) + r.size - s
-            if cut.any():
-                self.pruned[pid] = self.pruned.get(pid, 0) + int(cut.sum())
-            if nan.any():
-                self.unscored[pid] = self.unscored.get(pid, 0) + int(nan.sum())
-            binary.append(s)
-            observed.append(r)
-        self.spent += int(counts.sum())
-        self.generation_calls += 1
-        self._pending = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-        self._advance(ids, counts, np.asarray(binary, dtype=np.int64), observed)
-
-    def _advance(self, ids, counts, successes, rewards):
-        """``counts``: responses generated per prompt (pruned included); ``successes`` and ``rewards``:
-        of the observed (not pruned) ones only."""
         raise NotImplementedError
 
     def outcomes(self, num_prompts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

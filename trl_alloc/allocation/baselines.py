@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._checks import check_counts, check_int
-from .base import Filler, Pacer, Round, RunContext
-from .event_rounds import BatchedEventRound, EventRound
+from .base import Filler, Pacer, RunContext
+from .event_rounds import EventRound
 from .registry import method_class, register
 
 if TYPE_CHECKING:
@@ -272,196 +272,34 @@ class FullFiller(Filler):
         stream = np.asarray(pacer.ranked_prompts, np.int64)
         return {"stream": stream, "budget": spend, "target_groups": None, "counts": units[stream] * pacer.unit_size}
 
-    def start_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
-                    counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
-                    prior_b: ArrayLike | None = None) -> FullRound:
-        return FullRound(stream, budget, self.group_size, target_groups, counts)
-
     def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
                           counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
                           prior_b: ArrayLike | None = None, carry: dict[int, dict] | None = None,
-                          wait_for_groups: bool = False) -> FullEventRound | BatchedEventRound:
-        """The same round as events: one submission of every group. With `carry` (stream mode) each group is
-        committed as its last rollout ends and the round closes at its number of groups (`FullEventRound`)."""
-        if carry is not None:
-            return FullEventRound(*FullRound(stream, budget, self.group_size, target_groups, counts)._pending,
-                                  budget, carry, wait_for_groups)
-        return BatchedEventRound(self.start_round(stream, budget, target_groups, counts))
+                          wait_for_groups: bool = False) -> FullRound:
+        return FullRound(stream, budget, self.group_size, target_groups, counts, carry, wait_for_groups)
 
 
-class FullRound(Round):
+class FullRound(EventRound):
+    """Full groups: each prompt's `counts` rollouts (default k; the first `target_groups` prompts with a count, as
+    long as whole groups fit the budget) are started as the window has room, and a group is committed as its last
+    rollout ends. Over a synchronous backend, one call of every group (stock GRPO). As a stream (the way verl's and
+    AReaL's asynchronous trainers run stock GRPO) the round closes once it has as many groups as it has prompts; a
+    group still running then goes on into the next round (`carry`), which counts it among its own."""
+
     def __init__(self, stream: ArrayLike, budget: int, group_size: int, target_groups: int | None = None,
-                 counts: ArrayLike | None = None) -> None:
-        super().__init__(budget)
+                 counts: ArrayLike | None = None, carry: dict[int, dict] | None = None,
+                 wait_for_groups: bool = False) -> None:
+        super().__init__(budget, carry, wait_for_groups)
         stream = np.asarray(stream, np.int64)
         counts = np.full(stream.size, group_size) if counts is None else np.asarray(counts, np.int64)
         if counts.shape != stream.shape:
             raise ValueError("`counts` must give one response count per stream prompt.")
-        keep = counts > 0
-        stream, counts = stream[keep], counts[keep]
+        stream, counts = stream[counts > 0], counts[counts > 0]
         if target_groups is not None:
             stream, counts = stream[:target_groups], counts[:target_groups]
-        fits = np.cumsum(counts) <= self.budget
-        self._pending = (stream[fits], counts[fits])
-        self._finished = not fits.any()
-
-    @property
-    def done(self) -> bool:
-        return self._finished
-
-    def _advance(self, ids, counts, successes, rewards):
-        for pid, r, s in zip(ids.tolist(), rewards, successes.tolist()):
-            self.groups.append(pid)
-            self.effective += int(0 < s < len(r))  # observed responses: pruned ones have no reward
-        self._finished = True
-
-
-@register("filling", "dynamic_sampling")
-class DynamicSamplingFiller(Filler):
-    """DAPO dynamic sampling: full groups for batches of `batch_prompts` stream prompts, keep groups whose
-    rewards vary (std > 0), repeat until `target_groups` are kept; more than `max_generation_batches`
-    batches is an error (DAPO's cap)."""
-
-    def __init__(self, group_size: int, max_generation_batches: int = 10, batch_prompts: int | None = None) -> None:
-        self.group_size = check_int("group_size", group_size, 2)
-        self.max_generation_batches = check_int("max_generation_batches", max_generation_batches, 1)
-        self.batch_prompts = batch_prompts
-
-    @classmethod
-    def from_config(cls, args: Any, context: RunContext) -> Filler:
-        return cls(group_size=args.num_generations, max_generation_batches=args.max_generation_batches)
-
-    @classmethod
-    def max_round_responses(cls, args: Any, prompts: int) -> int:
-        return args.max_generation_batches * (args.target_groups or prompts) * args.num_generations
-
-    @property
-    def oversample(self) -> int:
-        return self.max_generation_batches
-
-    def start_round(self, stream: ArrayLike, budget: int, target_groups: int, counts: ArrayLike | None = None,
-                    prior_a: ArrayLike | None = None, prior_b: ArrayLike | None = None) -> DynamicSamplingRound:
-        return DynamicSamplingRound(stream, budget, self.group_size, target_groups,
-                                    self.max_generation_batches, self.batch_prompts or target_groups)
-
-    def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int, counts: ArrayLike | None = None,
-                          prior_a: ArrayLike | None = None, prior_b: ArrayLike | None = None,
-                          carry: dict[int, dict] | None = None,
-                          wait_for_groups: bool = False) -> DynamicSamplingEventRound:
-        """The same round as events (`DynamicSamplingEventRound`); the cap is the same number of prompts."""
-        return DynamicSamplingEventRound(stream, budget, self.group_size, check_int("target_groups", target_groups, 0),
-                                         self.max_generation_batches * (self.batch_prompts or target_groups), carry,
-                                         wait_for_groups)
-
-
-class DynamicSamplingRound(Round):
-    def __init__(self, stream: ArrayLike, budget: int, group_size: int, target_groups: int, max_batches: int,
-                 batch_prompts: int) -> None:
-        super().__init__(budget)
-        self.stream = np.asarray(stream, np.int64)
-        self.k, self.target = group_size, check_int("target_groups", target_groups, 0)
-        self.max_batches, self.batch_prompts = max_batches, batch_prompts
-        self.next, self.hit_cap = 0, False
-        self._queue()
-
-    def _queue(self):
-        left = (self.budget - self.spent) // self.k
-        n = min(self.batch_prompts, left, self.stream.size - self.next)
-        if len(self.groups) >= self.target:
-            return
-        if self.generation_calls >= self.max_batches:
-            self.hit_cap = True
-            return
-        if n <= 0:
-            return
-        ids = self.stream[self.next:self.next + n]
-        self.next += n
-        self._pending = (ids, np.full(n, self.k, np.int64))
-
-    @property
-    def done(self) -> bool:
-        return self._pending[0].size == 0
-
-    def _advance(self, ids, counts, successes, rewards):
-        for pid, r in zip(ids.tolist(), rewards):
-            if len(r) > 1 and np.std(np.asarray(r, float)) > 0 and len(self.groups) < self.target:
-                self.groups.append(pid)
-                self.effective += 1
-        self._queue()
-        if self.hit_cap:
-            raise RuntimeError(
-                f"dynamic sampling kept {len(self.groups)} of {self.target} groups after "
-                f"{self.max_batches} generation batches (`max_generation_batches`); raise the cap or "
-                "use `filling='sara'`, which abandons saturated prompts early.")
-
-
-class DynamicSamplingEventRound(EventRound):
-    """DAPO dynamic sampling as events: whole groups of k, started prompt after prompt while the window has
-    room for one; a group is kept when its k-th rollout ends with varied outcomes. Starting more than
-    `max_prompts` prompts without reaching the target is DAPO's cap (an error, as in the batched round)."""
-
-    def __init__(self, stream: ArrayLike, budget: int, group_size: int, target: int, max_prompts: int,
-                 carry: dict[int, dict] | None = None, wait_for_groups: bool = False) -> None:
-        super().__init__(budget, carry, wait_for_groups)
-        stream = np.asarray(stream, np.int64)
-        self.stream = stream[~np.isin(stream, [int(p) for p in carry or {}])]  # carried groups are resumed
-        self.k, self.target = group_size, target
-        self.max_prompts, self.next = max_prompts, 0
-        self.results, self.rejected = {}, []
-        self._adopt_carry(carry)
-
-    def _adopt(self, pid, state):
-        self.results[pid] = list(state["results"])
-
-    def _open_groups(self):
-        judged = set(self.groups) | set(self.rejected)
-        return {pid: {"results": list(got), "need": 0} for pid, got in self.results.items()
-                if pid not in judged and len(got) < self.k}
-
-    def _next(self, room):
-        out = []
-        while (room >= self.k and self.next < min(self.stream.size, self.max_prompts)
-               and self.spent + (len(out) + 1) * self.k <= self.budget and len(self.groups) < self.target):
-            pid = int(self.stream[self.next])
-            self.next += 1
-            self.results[pid] = []
-            out.append((pid, self.k))
-            room -= self.k
-        if not out and not self.in_flight and len(self.groups) < self.target and self.next >= self.max_prompts \
-                and self.next < self.stream.size and self.spent + self.k <= self.budget:
-            raise RuntimeError(
-                f"dynamic sampling kept {len(self.groups)} of {self.target} groups after {self.max_prompts} "
-                "prompts (`max_generation_batches` batches); raise the cap or use `filling='sara'`, which abandons "
-                "saturated prompts early.")
-        return out
-
-    def _on_rollout(self, pid, observed):
-        got = self.results[pid]
-        got.append(observed)
-        if len(got) < self.k:
-            return
-        seen = [x for x in got if x is not None]
-        if len(seen) > 1 and 0 < sum(seen) < len(seen):
-            self.groups.append(pid)
-            self.effective += 1
-            if len(self.groups) >= self.target:
-                self._close()
-        else:
-            self.rejected.append(pid)
-
-
-class FullEventRound(EventRound):
-    """Full groups as a stream (stock GRPO the way verl's and AReaL's asynchronous trainers run it): each
-    prompt's rollouts are started as the window has room, a group is committed as its last rollout ends, and
-    the round closes once it has as many groups as it has prompts; a group still running then goes on into
-    the next round (`carry`), which counts it among its own."""
-
-    def __init__(self, stream: ArrayLike, counts: ArrayLike, budget: int, carry: dict[int, dict] | None = None,
-                 wait_for_groups: bool = False) -> None:
-        super().__init__(budget, carry, wait_for_groups)
-        carried = [int(p) for p in carry or {}]
-        fresh = ~np.isin(stream, carried)
-        self.queue = [[int(p), int(n)] for p, n in zip(np.asarray(stream)[fresh], np.asarray(counts)[fresh])]
+        fits = np.cumsum(counts) <= self.budget  # whole groups only
+        fresh = ~np.isin(stream[fits], [int(p) for p in carry or {}])  # carried groups are resumed, not restarted
+        self.queue = [[int(p), int(n)] for p, n in zip(stream[fits][fresh], counts[fits][fresh])]
         self.target = len(self.queue)
         self.size, self.results = {}, {}  # prompt id -> its group's size; outcomes so far
         self._adopt_carry(carry)
@@ -507,3 +345,90 @@ class FullEventRound(EventRound):
         self.effective += int(0 < sum(seen) < len(seen))
         if len(self.groups) >= self.target:
             self._close()
+
+
+@register("filling", "dynamic_sampling")
+class DynamicSamplingFiller(Filler):
+    """DAPO dynamic sampling: full groups for batches of `batch_prompts` stream prompts, keep groups whose
+    rewards vary (std > 0), repeat until `target_groups` are kept; more than `max_generation_batches`
+    batches is an error (DAPO's cap)."""
+
+    def __init__(self, group_size: int, max_generation_batches: int = 10, batch_prompts: int | None = None) -> None:
+        self.group_size = check_int("group_size", group_size, 2)
+        self.max_generation_batches = check_int("max_generation_batches", max_generation_batches, 1)
+        self.batch_prompts = batch_prompts
+
+    @classmethod
+    def from_config(cls, args: Any, context: RunContext) -> Filler:
+        return cls(group_size=args.num_generations, max_generation_batches=args.max_generation_batches)
+
+    @classmethod
+    def max_round_responses(cls, args: Any, prompts: int) -> int:
+        return args.max_generation_batches * (args.target_groups or prompts) * args.num_generations
+
+    @property
+    def oversample(self) -> int:
+        return self.max_generation_batches
+
+    def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int, counts: ArrayLike | None = None,
+                          prior_a: ArrayLike | None = None, prior_b: ArrayLike | None = None,
+                          carry: dict[int, dict] | None = None,
+                          wait_for_groups: bool = False) -> DynamicSamplingRound:
+        target = check_int("target_groups", target_groups, 0)
+        return DynamicSamplingRound(stream, budget, self.group_size, target, self.max_generation_batches,
+                                    self.batch_prompts or target, carry, wait_for_groups)
+
+
+class DynamicSamplingRound(EventRound):
+    """DAPO's dynamic sampling: whole groups of k, started prompt after prompt while the window has room for one
+    and fewer than `batch_prompts` groups run; a group is kept when its k-th rollout ends with varied outcomes.
+    Over a synchronous backend that is DAPO's loop exactly: batches of `batch_prompts` groups until the target is
+    kept. Needing more than `max_batches` × `batch_prompts` prompts is DAPO's cap: an error that names the fix."""
+
+    def __init__(self, stream: ArrayLike, budget: int, group_size: int, target: int, max_batches: int,
+                 batch_prompts: int, carry: dict[int, dict] | None = None, wait_for_groups: bool = False) -> None:
+        super().__init__(budget, carry, wait_for_groups)
+        stream = np.asarray(stream, np.int64)
+        self.stream = stream[~np.isin(stream, [int(p) for p in carry or {}])]  # carried groups are resumed
+        self.k, self.target, self.batch_prompts = group_size, target, max(int(batch_prompts), 1)
+        self.max_prompts, self.next = max_batches * self.batch_prompts, 0
+        self.results, self.rejected = {}, []
+        self._adopt_carry(carry)
+
+    def _adopt(self, pid, state):
+        self.results[pid] = list(state["results"])
+
+    def _open_groups(self):
+        return {pid: {"results": list(got), "need": 0} for pid, got in self.results.items() if len(got) < self.k}
+
+    def _next(self, room):
+        out, running = [], len(self._open_groups())
+        while (room >= self.k and self.next < min(self.stream.size, self.max_prompts) and running < self.batch_prompts
+               and self.spent + (len(out) + 1) * self.k <= self.budget and len(self.groups) < self.target):
+            pid = int(self.stream[self.next])
+            self.next += 1
+            self.results[pid] = []
+            out.append((pid, self.k))
+            room, running = room - self.k, running + 1
+        if not out and not self.in_flight and len(self.groups) < self.target and self.next >= self.max_prompts \
+                and self.next < self.stream.size and self.spent + self.k <= self.budget:
+            raise RuntimeError(
+                f"dynamic sampling kept {len(self.groups)} of {self.target} groups after "
+                f"{self.max_prompts // self.batch_prompts} generation batches of {self.batch_prompts} prompts "
+                "(`max_generation_batches`); raise the cap or use `filling='sara'`, which abandons saturated prompts "
+                "early.")
+        return out
+
+    def _on_rollout(self, pid, observed):
+        got = self.results[pid]
+        got.append(observed)
+        if len(got) < self.k:
+            return
+        seen = [x for x in got if x is not None]
+        if len(seen) > 1 and 0 < sum(seen) < len(seen):
+            self.groups.append(pid)
+            self.effective += 1
+            if len(self.groups) >= self.target:
+                self._close()
+        else:
+            self.rejected.append(pid)

@@ -1,22 +1,26 @@
-"""Rounds fed one rollout at a time: the event-driven form of the fillers (numpy only). The rollout layer's
-driver (`rollout.drivers.RoundDriver`) runs them over a rollout backend:
+"""The fillers' rounds (numpy only). Every filler has one round, an `EventRound` fed one rollout at a time, with one
+admission rule; the rollout layer's driver (`rollout.drivers.RoundDriver`) runs it over a rollout backend:
 
     rnd = filler.start_event_round(stream, budget, target_groups, ...)
     while not rnd.done (then until nothing is in flight):
         for pid, n in rnd.submissions(room):          # start n rollouts of prompt pid (room: free window)
-        for each rollout that ends:
-            rnd.observe_rollout(pid, success, pruned=..., aborted=...)
+        for each batch of rollouts that end:
+            rnd.observe_rollouts(rows)                # pid, success (, pruned, aborted); decided on together
         abort the in-flight rollouts of every prompt in rnd.cancelled (all of them once rnd.done)
+
+Deterministic mode runs the same round over a synchronous backend (`SynchronousRound`, `filler.start_round`): an
+unlimited window, everything pending generated in one batched call, its rollouts observed together.
 
 Accounting (exact, in both modes): a rollout is spent when it is submitted, so `spent <= budget` at every
 moment and what is in flight is already reserved against the budget; every submitted rollout is observed
 exactly once. An aborted rollout is a spent response without reward (`aborted`), like a pruned one.
 
-- `sara.SARAEventRound`: SARA's rule (eq. 3) applied as each rollout arrives; the next rollout of the
-  prompt is started at once (the rest of its group once it is mixed), a fresh prompt of the stream as soon
-  as the budget, the target and the window allow; an abandoned prompt's in-flight rollouts are aborted.
-- `baselines.DynamicSamplingEventRound`: DAPO's dynamic sampling: whole groups, each judged as its k-th rollout ends.
-- `BatchedEventRound`: any batched `Round` as events (each of its requests is one submission).
+- `sara.SARARound`: SARA's Algorithm 1 (probe, decide by eq. 3, refill, advance by p_eff), per batch of arrivals;
+  an abandoned prompt's in-flight rollouts are aborted.
+- `baselines.DynamicSamplingRound`: DAPO's dynamic sampling: whole groups, each judged as its k-th rollout ends.
+- `baselines.FullRound`: full groups (stock GRPO).
+- `BatchedEventRound`: a `SynchronousRound` driven as events (each of its requests is one submission, observed once
+  all its rollouts have ended): deterministic mode's timing on the engine model and in the rollout benchmark.
 
 Carry-over (`rollout_mode="stream"`, APRIL-style; a round started with `carry=...`, `{}` for the first): the round
 closes as soon as it has its groups or has started its whole budget and observed a rollout (so it never waits on
@@ -35,11 +39,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .base import Round, is_success
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+UNLIMITED = 1 << 62  # a synchronous backend's window
 
 
 class EventRound(Round):
@@ -135,6 +144,22 @@ class EventRound(Round):
 
     def observe_rollout(self, pid: int, success: float, pruned: bool = False, aborted: bool = False) -> None:
         """One ended rollout of `pid`: `success` 1/0 (NaN: unscored), or pruned / aborted (no reward)."""
+        self._record(pid, success, pruned, aborted)
+        self._settle()
+
+    def observe_rollouts(self, rows: Sequence[dict]) -> list[int]:
+        """`observe_rollout` for rows (dicts with pid, success, pruned, aborted), decided on together (`_settle`:
+        what ends in one batch is one decision step); returns the prompts to abort. A carrying round keeps the rows
+        that follow its close in `after_close` (see `hand_over`)."""
+        for i, r in enumerate(rows):
+            if self._closed and self.carries:
+                self.after_close.extend(rows[i:])
+                break
+            self._record(r["pid"], r["success"], r.get("pruned", False), r.get("aborted", False))
+        self._settle()
+        return sorted(self.cancelled)
+
+    def _record(self, pid, success, pruned, aborted):
         pid = int(pid)
         if self.live[pid] <= 0:
             raise ValueError(f"prompt {pid} has no rollout in flight; every submitted rollout is observed once.")
@@ -152,21 +177,13 @@ class EventRound(Round):
             self.unscored[pid] = self.unscored.get(pid, 0) + 1
         else:
             observed = int(is_success(float(success), self.success_threshold))
-            book = self.successes if observed else self.failures
-            book[pid] = book.get(pid, 0) + 1
+            self.successes[pid] = self.successes.get(pid, 0) + observed
+            self.failures[pid] = self.failures.get(pid, 0) + 1 - observed
         if not self._closed and not aborted:
             self._on_rollout(pid, observed)
 
-    def observe_rollouts(self, rows: Sequence[dict]) -> list[int]:
-        """`observe_rollout` for rows (dicts with pid, success, pruned, aborted); returns the prompts to abort.
-        A carrying round keeps the rows that follow its close in `after_close` (see `hand_over`)."""
-        for i, r in enumerate(rows):
-            if self._closed and self.carries:
-                self.after_close.extend(rows[i:])
-                break
-            self.observe_rollout(r["pid"], r["success"], pruned=r.get("pruned", False),
-                                 aborted=r.get("aborted", False))
-        return sorted(self.cancelled)
+    def _settle(self):
+        """After a batch of ended rollouts: decide on them (fillers that decide per batch, like SARA)."""
 
     def mixed(self, pid: int) -> bool:
         """Whether `pid` has both a success and a failure observed this round (its group has signal)."""
@@ -207,11 +224,72 @@ class EventRound(Round):
                 "carried_in": int(sum(self.prepaid.values())), "expired": len(self.expired)}
 
 
-class BatchedEventRound:
-    """A batched `Round` driven as events: each of its requests is submitted (within the window) and observed
-    once all its rollouts have ended, in request order; so its decisions are the batched round's."""
+class SynchronousRound:
+    """An event round over a synchronous backend (deterministic mode): an unlimited window, everything pending
+    generated in one batched call, whose rollouts all end together and are decided on together. So every filler
+    has one round, one admission rule, and one `_settle`, whichever way it is driven::
 
-    def __init__(self, rnd: Round) -> None:
+        rnd = filler.start_round(stream, budget, target_groups, ...)   # = SynchronousRound(start_event_round(...))
+        while not rnd.done:
+            prompt_ids, counts = rnd.requests()      # one batched generation call
+            rnd.observe(rewards, pruned=None)        # reward arrays aligned with the request (+ ARROL's pruned masks)
+    """
+
+    def __init__(self, rnd: EventRound) -> None:
+        self.round = rnd
+        self._pending = self._take()
+
+    def __getattr__(self, name: str) -> Any:  # groups, effective, spent, budget, outcomes, stats, ...: the round's
+        return getattr(self.__dict__["round"], name)
+
+    @property
+    def done(self) -> bool:
+        return self.round.done
+
+    def _take(self):
+        asked = {}
+        for pid, n in self.round.submissions(UNLIMITED):
+            asked[pid] = asked.get(pid, 0) + n
+        return np.asarray(list(asked), np.int64), np.asarray(list(asked.values()), np.int64)
+
+    def requests(self) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt_ids, counts) to generate now, in one batched call; empty arrays when done."""
+        return self._pending
+
+    def observe(self, rewards: Sequence[ArrayLike], pruned: Sequence[ArrayLike] | None = None) -> None:
+        """Rewards for the last request: a list aligned with ``prompt_ids``, entry j of length counts[j].
+
+        ``pruned`` (optional, aligned like ``rewards``): boolean masks of the responses pruned before they finished
+        (ARROL). Their reward entries are ignored (any value, NaN included); they are spent responses but neither
+        successes nor failures. A NaN reward of a finished response is an unscored response, treated the same way
+        and counted in ``unscored``."""
+        ids, counts = self._pending
+        if len(rewards) != len(ids):
+            raise ValueError(f"`rewards` must hold one array per requested prompt ({len(ids)}), got {len(rewards)}.")
+        if pruned is not None and len(pruned) != len(ids):
+            raise ValueError(f"`pruned` must hold one mask per requested prompt ({len(ids)}), got {len(pruned)}.")
+        rows = []
+        for j, (pid, n) in enumerate(zip(ids.tolist(), counts.tolist())):
+            r = np.asarray(rewards[j], dtype=float).reshape(-1)
+            if r.size != n:
+                raise ValueError(f"prompt {pid}: expected {n} rewards, got {r.size}.")
+            cut = np.zeros(n, bool) if pruned is None else np.asarray(pruned[j], dtype=bool).reshape(-1)
+            if cut.size != n:
+                raise ValueError(f"prompt {pid}: expected a pruned mask of {n} entries, got {cut.size}.")
+            rows += [{"pid": pid, "success": float(x), "pruned": bool(c)} for x, c in zip(r.tolist(), cut.tolist())]
+        self.round.observe_rollouts(rows)
+        self._pending = self._take()
+
+    def stats(self) -> dict[str, float]:
+        """The round's stats, less what a synchronous round never has (aborted, carried or expired rollouts)."""
+        return {key: v for key, v in self.round.stats().items() if key not in ("aborted", "carried_in", "expired")}
+
+
+class BatchedEventRound:
+    """A synchronous round driven as events: each of its requests is submitted (within the window) and observed
+    once all its rollouts have ended, in request order; so its decisions are deterministic mode's."""
+
+    def __init__(self, rnd: SynchronousRound) -> None:
         self.round, self.cancelled, self.live = rnd, set(), Counter()
         self._queue, self._request, self._results = [], None, {}
 
@@ -271,4 +349,4 @@ class BatchedEventRound:
         return {**self.round.stats(), "aborted": 0}
 
 
-__all__ = ["EventRound", "BatchedEventRound"]
+__all__ = ["EventRound", "SynchronousRound", "BatchedEventRound"]

@@ -10,7 +10,7 @@ import numpy as np
 from scipy.special import betaln
 
 from ._checks import check_int, check_open_unit, check_prior
-from .base import Filler, Pacer, Round, RunContext
+from .base import Filler, Pacer, RunContext
 from .beta import BetaState
 from .event_rounds import EventRound
 from .registry import register
@@ -66,7 +66,7 @@ class SARAFiller(Filler):
     `base.Round`).
 
     Defaults: k = 8, n0 = 2, τ_low = 0.45 (or "auto", see `threshold`), commit_min = k, Beta(1, 1),
-    safety budget 6·B·k; in event rounds `overcommit` = 1.5 (see `SARAEventRound`). With
+    safety budget 6·B·k; `overcommit` = 1.5 (see `SARARound`). With
     `warm_start_decay` (and `num_prompts`) each prompt's posterior carries across rounds, discounted
     toward the prior by that factor (the paper's optional history warm-start).
     """
@@ -133,21 +133,15 @@ class SARAFiller(Filler):
                 raise ValueError("`warm_start_decay` needs `num_prompts` (the pool size) to keep posteriors.")
             self.history = BetaState(num_prompts, self.prior, warm_start_decay)
 
-    def start_round(self, stream: ArrayLike, budget: int | None = None, target_groups: int = 64,
-                    counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
-                    prior_b: ArrayLike | None = None) -> SARARound:
-        """A round over `stream` that stops at `target_groups` committed groups, `budget` responses
-        (default: the safety cap 6·B·k) or the end of the stream."""
-        return SARARound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b))
-
     def start_event_round(self, stream: ArrayLike, budget: int | None = None, target_groups: int = 64,
                           counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
                           prior_b: ArrayLike | None = None, carry: dict[int, dict] | None = None,
-                          wait_for_groups: bool = False) -> SARAEventRound:
-        """`start_round`'s round, fed one rollout at a time (`SARAEventRound`); `carry` and `wait_for_groups`: see
+                          wait_for_groups: bool = False) -> SARARound:
+        """A round over `stream` that stops at `target_groups` committed groups, `budget` responses (default: the
+        safety cap 6·B·k) or the end of the stream (`SARARound`); `carry` and `wait_for_groups`: see
         `event_rounds`."""
-        return SARAEventRound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b), carry=carry,
-                              wait_for_groups=wait_for_groups)
+        return SARARound(self, *self._round_args(stream, budget, target_groups, prior_a, prior_b), carry=carry,
+                         wait_for_groups=wait_for_groups)
 
     def _round_args(self, stream, budget, target_groups, prior_a, prior_b):
         target = check_int("target_groups", target_groups, 0)
@@ -186,103 +180,29 @@ class SARAFiller(Filler):
             self.history.load_state_dict(state["history"])
 
 
-class SARARound(Round):
-    """One round of SARA: probe, decide (eq. 3), refill from the stream, advance by p_eff priority."""
+class SARARound(EventRound):
+    """SARA's round (Algorithm 1): probe, decide (eq. 3), refill from the stream, advance by p_eff priority.
 
-    def __init__(self, filler: SARAFiller, stream: np.ndarray, prior_a: np.ndarray, prior_b: np.ndarray, budget: int,
-                 target: int) -> None:
-        super().__init__(budget)
-        self.filler, self.stream, self.prior_a, self.prior_b, self.target = filler, stream, prior_a, prior_b, target
-        self.next = 0                               # stream position of the next fresh prompt
-        self.pos = np.zeros(0, np.int64)            # active prompts, as stream positions
-        self.n = np.zeros(0, np.int64)              # rollouts generated (pruned ones included)
-        self.s = np.zeros(0, np.int64)              # observed successes
-        self.fail = np.zeros(0, np.int64)           # observed failures (= n − s without pruning)
-        self.decided_at, self.abandon_p = [], []    # rollouts at each decision; p_eff of abandoned
-        self._finished = False
-        self._plan(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    - **Decide.** Each batch of ended rollouts updates its prompts' (n, s, f); each of those prompts is then
+      decided together, in admission order: COMMIT (mixed, n >= commit_min), ABANDON (p_eff < τ_low, eq. 2, or
+      n = k; its rollouts still in flight are aborted) or CONTINUE.
+    - **Advance** (line 11). A continuing prompt wants the rest of its group up to commit_min once it is mixed,
+      else one more rollout once none of its rollouts runs; wants are served in priority order (mixed first, then
+      by p_eff).
+    - **Refill** (line 10). Fresh prompts, with n0 probes each, toward the remaining need (target − committed −
+      active), each only if a whole group of k still fits the budget after reserving k − started for every
+      active prompt: no group is started that cannot finish.
 
-    @property
-    def done(self) -> bool:
-        return self._finished
-
-    def _plan(self, cont, cont_counts):
-        """Next batched call: continuing prompts first (in priority order), then fresh probes."""
-        left = self.budget - self.spent
-        # Budget-aware admission: a fresh prompt starts only if, after reserving what the active prompts
-        # may still need (k − n each), a whole group of k fits; no group is started that cannot finish.
-        reserve = int(np.sum(self.filler.k - self.n[self._index(cont)])) if cont.size else 0
-        need = min(self.target - len(self.groups) - cont.size, max(left - reserve, 0) // self.filler.k)
-        fresh = np.arange(self.next, min(self.next + max(need, 0), self.stream.size))
-        self.next += fresh.size
-        pos = np.concatenate([cont, fresh])
-        want = np.concatenate([cont_counts, np.full(fresh.size, self.filler.probe)])
-        give = np.clip(left - (np.cumsum(want) - want), 0, want)
-        keep = give > 0
-        fresh = fresh[keep[cont.size:]]             # fresh prompts the budget could not reach stay unread
-        self.next = self.next - (keep.size - cont.size) + fresh.size
-        self.pos = np.concatenate([self.pos, fresh])
-        self.n = np.concatenate([self.n, np.zeros(fresh.size, np.int64)])
-        self.s = np.concatenate([self.s, np.zeros(fresh.size, np.int64)])
-        self.fail = np.concatenate([self.fail, np.zeros(fresh.size, np.int64)])
-        self._pending = (self.stream[pos[keep]], give[keep].astype(np.int64))
-        self._requested_pos = pos[keep]
-        if not keep.any():
-            self._close()
-
-    def _close(self):
-        self._finished = True
-        self.filler._round_done(self)
-
-    def _advance(self, ids, counts, successes, rewards):
-        idx = self._index(self._requested_pos)
-        self.n[idx] += counts
-        self.s[idx] += successes
-        self.fail[idx] += np.asarray([len(r) for r in rewards], np.int64) - successes
-        verdict, p = decide(self.n, self.s, self.filler.k, self.filler.threshold(self.n), self.filler.commit_min,
-                            (self.prior_a[self.pos], self.prior_b[self.pos]), self.fail)
-        for j in np.flatnonzero(verdict == COMMIT):
-            if len(self.groups) < self.target:
-                self.groups.append(int(self.stream[self.pos[j]]))
-                self.effective += 1
-                self.decided_at.append(int(self.n[j]))
-        for j in np.flatnonzero(verdict == ABANDON):
-            self.abandoned.append(int(self.stream[self.pos[j]]))
-            self.abandon_p.append(float(p[j]))
-            self.decided_at.append(int(self.n[j]))
-        live = verdict == CONTINUE
-        self.pos, self.n, self.s, self.fail, p = self.pos[live], self.n[live], self.s[live], self.fail[live], p[live]
-        if len(self.groups) >= self.target:
-            return self._close()
-        mixed = (self.s >= 1) & (self.fail >= 1)
-        order = np.lexsort((-p, ~mixed))            # decided-mixed first, then by p_eff (a yield index)
-        more = np.where(mixed, self.filler.commit_min - self.n, 1)[order]
-        self._plan(self.pos[order], more)
-
-    def _index(self, positions):
-        lookup = {int(p): i for i, p in enumerate(self.pos)}
-        return np.asarray([lookup[int(p)] for p in positions], np.int64)
-
-    def stats(self) -> dict[str, float]:
-        return {**super().stats(), "unfinished": len(self.pos),
-                "expected_lost_groups": float(np.sum(self.abandon_p)),
-                "mean_rollouts_to_decide": float(np.mean(self.decided_at)) if self.decided_at else 0.0}
-
-
-class SARAEventRound(EventRound):
-    """SARA (Algorithm 1) as events. Each arrival updates the prompt's (n, s, f) and applies
-    eq. 3: COMMIT (mixed, n >= commit_min), ABANDON (p_eff < τ_low, eq. 2; its in-flight rollouts are
-    aborted) or CONTINUE (a mixed prompt gets the rest of its group at once, an unmixed one its next rollout
-    while fewer than n0 of its rollouts are running). A fresh prompt of the stream is admitted, with n0 probes,
-    while the window has room, the budget left covers what the active prompts are expected to still start
-    (k − started, weighted by p_eff) plus k·p_eff of the new one, and the groups committed plus those expected
-    from the active prompts (the sum of their p_eff) stay below `overcommit` × target. (The batched round
-    reserves a whole k per active prompt; as events that would cap what runs at once at budget / k prompts.)
-    Over-admission keeps the engine full; what still runs when the target is reached is aborted (spent), and
-    a mixed prompt the budget cannot complete stays unfinished. Not in the paper: the admission rule is ours;
-    measured on the engine model in docs/benchmarks.md. With `carry` (stream mode), the groups an earlier round
-    left open come first (with their own priors, (n, s, f) so far and rollouts in flight), so a group may
-    straddle rounds; admission then needs only budget left (no reserve for the active prompts' rest: a later
+    Over a synchronous backend (deterministic mode) that is the paper's round-synchronous algorithm exactly. Fed
+    one rollout at a time, the same rules run per batch of arrivals, and one rule is ours (not in the paper):
+    while rollouts are in flight, free window slots go to extra fresh prompts as long as the groups committed
+    plus those expected from the active prompts (the sum of their p_eff) stay below `overcommit` × target and
+    the budget left covers what the active prompts are expected to still start (k − started, weighted by
+    p_eff) plus k·p_eff of the new one. A synchronous backend has no free slot while it generates, so the rule
+    never applies there. What still runs when the target is reached is aborted (spent); a mixed prompt the
+    budget cannot complete stays unfinished; measured on the engine model in docs/benchmarks.md. With `carry`
+    (stream mode), the groups an earlier round left open come first (with their own priors, (n, s, f) so far
+    and rollouts in flight), so a group may straddle rounds; admission then needs only budget left (a later
     round pays for what goes on past this one), and the round closes once its budget is all started."""
 
     def __init__(self, filler: SARAFiller, stream: np.ndarray, prior_a: np.ndarray, prior_b: np.ndarray, budget: int,
@@ -295,25 +215,88 @@ class SARAEventRound(EventRound):
                                         for key, dtype, x in (("pid", np.int64, stream), ("a", float, prior_a),
                                                               ("b", float, prior_b)))
         self.filler, self.stream, self.prior_a, self.prior_b, self.target = filler, stream, prior_a, prior_b, target
-        self.next = int(carried.size)
-        self.active = {}   # prompt id -> [stream position, started, ended, successes, failures]
-        self.want = {}     # prompt id -> rollouts to start as soon as the window has room
+        self.next = int(carried.size)  # stream position of the next fresh prompt
+        self.active = {}   # prompt id -> [stream position, started, ended, successes, failures], in admission order
+        self.want = {}     # prompt id -> rollouts to start as soon as the window has room, in priority order
+        self.touched = set()  # prompts with a rollout ended since they were last decided
         self.decided_at, self.abandon_p = [], []
         self._adopt_carry(carry)
+        pids, p, _ = self._decide()
+        self._advance(dict(zip(pids, p.tolist())))
 
     def _adopt(self, pid, state):
         pos = int(np.flatnonzero(self.stream[: self.next] == pid)[0])
         self.active[pid] = [pos, int(state["started"]), int(state["ended"]), int(state["s"]), int(state["f"])]
-        self._continue(pid)
 
     def _open_groups(self):
         return {pid: {"pid": pid, "started": started, "ended": n, "s": s, "f": fail, "a": float(self.prior_a[pos]),
                       "b": float(self.prior_b[pos]), "need": self.filler.k - started}
                 for pid, (pos, started, n, s, fail) in ((int(p), [int(x) for x in v]) for p, v in self.active.items())}
 
+    def _decide(self):
+        """eq. 3 for every active prompt, in admission order: (prompt ids, p_eff, verdicts)."""
+        pids = list(self.active)
+        if not pids:
+            return pids, np.zeros(0), np.zeros(0, np.int64)
+        pos, _, n, s, fail = np.asarray(list(self.active.values()), np.int64).reshape(-1, 5).T
+        verdict, p = decide(n, s, self.filler.k, self.filler.threshold(n), self.filler.commit_min,
+                            (self.prior_a[pos], self.prior_b[pos]), fail)
+        return pids, p, verdict
+
+    def _on_rollout(self, pid, observed):
+        a = self.active.get(pid)
+        if a is None:  # decided already: an in-flight sibling of a committed or abandoned prompt
+            return
+        a[2] += 1
+        if observed is not None:
+            a[3 if observed else 4] += 1
+        self.touched.add(pid)
+
+    def _settle(self):
+        if self._closed or not self.touched:
+            return
+        pids, p, verdict = self._decide()
+        now = [j for j, pid in enumerate(pids) if pid in self.touched]
+        self.touched.clear()
+        for j in now:
+            if verdict[j] == COMMIT:
+                within = len(self.groups) < self.target  # (a commit past the target is dropped, not counted)
+                if within:
+                    self.groups.append(pids[j])
+                    self.effective += 1
+                self._decided(pids[j], within)
+        for j in now:
+            if verdict[j] == ABANDON:
+                self.abandoned.append(pids[j])
+                self.abandon_p.append(float(p[j]))
+                self._decided(pids[j])
+                self._cancel(pids[j])
+        if len(self.groups) >= self.target:
+            return self._close()
+        self._advance({pid: float(p[j]) for j, pid in enumerate(pids) if pid in self.active})
+
+    def _advance(self, p_eff):
+        """Line 11: each continuing prompt's want, in priority order (mixed first, then by p_eff)."""
+        k, probe, commit_min = self.filler.k, self.filler.probe, self.filler.commit_min
+        pids = list(p_eff)
+        state = np.asarray([self.active[pid] for pid in pids], np.int64).reshape(-1, 5)
+        mixed = (state[:, 3] >= 1) & (state[:, 4] >= 1)
+        self.want = {}
+        for j in np.lexsort((-np.asarray(list(p_eff.values())), ~mixed)):
+            pid, started = pids[j], int(state[j, 1])
+            if started < probe:
+                more = probe - started            # the rest of its probes
+            elif mixed[j]:
+                more = commit_min - started       # the rest of its group
+            else:
+                more = int(not self.live[pid] and started < k)  # one more, once none runs
+            if more > 0:
+                self.want[pid] = more
+
     def _next(self, room):
         out, left = [], self.budget - self.spent
-        for pid in list(self.want):  # continuations first, in the order they were asked for
+        spare = self.in_flight > 0  # window slots free while rollouts run (never over a synchronous backend)
+        for pid in list(self.want):  # continuations first, in priority order
             n = min(self.want[pid], room, left)
             if n:
                 out.append((pid, n))
@@ -322,23 +305,37 @@ class SARAEventRound(EventRound):
                 self.want[pid] -= n
             if not self.want[pid]:
                 del self.want[pid]
-        k = self.filler.k
-        expected, need = self._expected()
+        k, probe = self.filler.k, self.filler.probe
+        reserve = sum(k - a[1] for a in self.active.values())
+        fits = left if self.carries else max(left - reserve, 0) // k
+        need = min(self.target - len(self.groups) - len(self.active), fits)
+        while need > 0 and room > 0 and left > 0 and self.next < self.stream.size:  # line 10: the refill
+            n = self._admit(min(probe, room, left))
+            out.append(n)
+            room, left, need = room - n[1], left - n[1], need - 1
+        if not spare:
+            return out
+        expected, needed = self._expected()
         cap = self.target * self.filler.overcommit
-        while room > 0 and self.next < self.stream.size and len(self.groups) + expected < cap:
-            pos = self.next
+        while room > 0 and left > 0 and self.next < self.stream.size and len(self.groups) + expected < cap:
+            pos = self.next  # ours: extra prompts into the free window (see the class docstring)
             fresh = float(effective_probability(0, 0, k, (self.prior_a[pos], self.prior_b[pos])))
-            if left <= 0 or (need + k * fresh > left and not self.carries):  # what the active prompts are
-                break  # expected to need, and its group (stream mode: a later round pays for what goes on past it)
-            pid, n = int(self.stream[pos]), min(self.filler.probe, room, left)
-            self.next += 1
-            self.active[pid] = [pos, n, 0, 0, 0]
-            if self.filler.probe > n:
-                self.want[pid] = self.filler.probe - n
-            out.append((pid, n))
-            room, left = room - n, left - n
-            expected, need = expected + fresh, need + (k - n) * fresh
+            if needed + k * fresh > left and not self.carries:
+                break
+            n = self._admit(min(probe, room, left))
+            out.append(n)
+            room, left = room - n[1], left - n[1]
+            expected, needed = expected + fresh, needed + (k - n[1]) * fresh
         return out
+
+    def _admit(self, n):
+        """The next stream prompt, with its first `n` probes (the rest of them are wanted)."""
+        pos, self.next = self.next, self.next + 1
+        pid = int(self.stream[pos])
+        self.active[pid] = [pos, n, 0, 0, 0]
+        if self.filler.probe > n:
+            self.want[pid] = self.filler.probe - n
+        return pid, n
 
     def _expected(self):
         """Groups the active prompts are expected to commit (the sum of their p_eff, eq. 2), and the rollouts
@@ -349,47 +346,11 @@ class SARAEventRound(EventRound):
         p = effective_probability(n, s, self.filler.k, (self.prior_a[pos], self.prior_b[pos]), fail)
         return float(p.sum()), float(np.sum(p * (self.filler.k - started)))
 
-    def _on_rollout(self, pid, observed):
-        a = self.active.get(pid)
-        if a is None:  # decided already: an in-flight sibling of a committed or abandoned prompt
-            return
-        a[2] += 1
-        if observed is not None:
-            a[3 if observed else 4] += 1
-        pos, started, n, s, fail = a
-        verdict, p = decide([n], [s], self.filler.k, self.filler.threshold(np.asarray([n])), self.filler.commit_min,
-                            (self.prior_a[[pos]], self.prior_b[[pos]]), [fail])
-        verdict, p = int(verdict[0]), float(p[0])
-        if verdict == COMMIT:
-            self._decided(pid, n)
-            if len(self.groups) < self.target:
-                self.groups.append(pid)
-                self.effective += 1
-            if len(self.groups) >= self.target:
-                self._close()
-        elif verdict == ABANDON:
-            self._decided(pid, n)
-            self.abandoned.append(pid)
-            self.abandon_p.append(p)
-            self._cancel(pid)
-        else:
-            self._continue(pid)
-
-    def _continue(self, pid):
-        """CONTINUE: a mixed prompt gets the rest of its group (up to commit_min) at once; an undecided one keeps
-        n0 rollouts running."""
-        _, started, _, s, fail = self.active[pid]
-        if s >= 1 and fail >= 1:
-            more = self.filler.commit_min - started - self.want.get(pid, 0)
-            if more > 0:
-                self.want[pid] = self.want.get(pid, 0) + more
-        elif self.live[pid] + self.want.get(pid, 0) < self.filler.probe and started < self.filler.k:
-            self.want[pid] = self.want.get(pid, 0) + 1
-
-    def _decided(self, pid, n):
-        del self.active[pid]
+    def _decided(self, pid, counted=True):
+        ended = self.active.pop(pid)[2]
+        if counted:
+            self.decided_at.append(int(ended))
         self.want.pop(pid, None)
-        self.decided_at.append(int(n))
 
     def _closed_hook(self):
         self.want.clear()

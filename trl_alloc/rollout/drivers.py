@@ -60,10 +60,14 @@ class RoundDriver:
         return a.round_done if hasattr(a, "round_done") else a.done
 
     def _refill(self):
-        room = (1 << 62) if self.window is None else self.window - len(self.live)
-        if room <= 0:
-            return
-        for pid, n in self.allocator.submissions(room):
+        while (room := (1 << 62) if self.window is None else self.window - len(self.live)) > 0:
+            asked = self.allocator.submissions(room)  # asked again while the window has room (a round may admit
+            if not asked:                             # more once rollouts are in flight)
+                return
+            self._start(asked)
+
+    def _start(self, asked):
+        for pid, n in asked:
             extra = {"detect_at": self.detect_at} if self.detect_at else {}
             rids = self.rollouts.submit(self.prompt_ids_of(pid), n=n, max_tokens=self.max_tokens, tag=pid, **extra)
             for rid in rids:
