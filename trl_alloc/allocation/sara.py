@@ -221,8 +221,8 @@ class SARARound(EventRound):
         self.touched = set()  # prompts with a rollout ended since they were last decided
         self.decided_at, self.abandon_p = [], []
         self._adopt_carry(carry)
-        pids, p, _ = self._decide()
-        self._advance(dict(zip(pids, p.tolist())))
+        pids, p, _ = self._decide()  # a carried unmixed prompt with fewer than n0 running gets one more
+        self._advance(dict(zip(pids, p.tolist())), {pid for pid in pids if self.live[pid] < filler.probe})
 
     def _adopt(self, pid, state):
         pos = int(np.flatnonzero(self.stream[: self.next] == pid)[0])
@@ -273,23 +273,27 @@ class SARARound(EventRound):
                 self._cancel(pids[j])
         if len(self.groups) >= self.target:
             return self._close()
-        self._advance({pid: float(p[j]) for j, pid in enumerate(pids) if pid in self.active})
+        self._advance({pid: float(p[j]) for j, pid in enumerate(pids) if pid in self.active},
+                      {pids[j] for j in now})
 
-    def _advance(self, p_eff):
-        """Line 11: each continuing prompt's want, in priority order (mixed first, then by p_eff)."""
+    def _advance(self, p_eff, decided=()):
+        """Line 11: each continuing prompt's want, in priority order (mixed first, then by p_eff). The rest of its
+        probes, then the rest of its group once it is mixed; an unmixed prompt gets one more rollout per decision
+        (`decided`: the prompts just decided): one per call over a synchronous backend, and as events each ended
+        rollout is replaced, so n0 keep running."""
         k, probe, commit_min = self.filler.k, self.filler.probe, self.filler.commit_min
-        pids = list(p_eff)
+        pids, old = list(p_eff), self.want
         state = np.asarray([self.active[pid] for pid in pids], np.int64).reshape(-1, 5)
         mixed = (state[:, 3] >= 1) & (state[:, 4] >= 1)
         self.want = {}
         for j in np.lexsort((-np.asarray(list(p_eff.values())), ~mixed)):
             pid, started = pids[j], int(state[j, 1])
             if started < probe:
-                more = probe - started            # the rest of its probes
+                more = probe - started
             elif mixed[j]:
-                more = commit_min - started       # the rest of its group
+                more = commit_min - started
             else:
-                more = int(not self.live[pid] and started < k)  # one more, once none runs
+                more = min(old.get(pid, 0) + (pid in decided), k - started)
             if more > 0:
                 self.want[pid] = more
 
