@@ -62,9 +62,11 @@ def test_stream_keeps_the_budget_exact_and_trains_each_rollout_once(tmp_path, pa
 
 
 def test_stream_carries_groups_across_rounds(tmp_path):
-    """SARA's groups straddle round boundaries: some round trains rows that ended in an earlier round."""
+    """SARA's groups straddle round boundaries: some round trains rows that ended in an earlier round. (A round's
+    budget, 1 × 4 groups × k, runs out before it has its 4 groups: it closes on its budget while groups run.)"""
     trainer = build(tmp_path, pacing="uniform", filling="sara", num_rounds=8, rollout_budget=96,
-                    rollout_mode="stream", rollout_max_inflight=5, max_staleness=3)
+                    rollout_mode="stream", rollout_max_inflight=5, max_staleness=3, target_groups=4,
+                    sara_safety_factor=1)
     seen = train_with_spy(trainer)
     check_stream(trainer, seen, 96, 3)
     assert sum(h.get("carried", 0) for h in trainer.allocator.history) > 0

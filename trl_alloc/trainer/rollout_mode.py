@@ -7,11 +7,11 @@ events or stream were not measured to pay, since it is also the bit-exact one.
 | no vLLM (transformers generation) | deterministic | nothing overlaps; stream learned less on the demo |
 | vLLM on a CPU | deterministic | live CPU server: events and stream not faster than stock's synchronous calls |
 | completions capped at <= 32 tokens | deterministic | one request per rollout costs more than it saves (2.48x) |
-| vLLM server on GPUs | stream | engine model: CERO+SARA 13.33 vs 36.37 events, stock 13.86 vs 24.61 |
+| vLLM server on GPUs | stream | engine model: CERO+SARA 13.55 vs 35.63 events, stock 13.86 vs 24.61 |
 | ... with pruning | stream | engine model, CERO+SARA with pruning: 12.75 (0.52x stock) |
 | vLLM colocate on one GPU, filling full | deterministic | full groups: one call either way |
 | vLLM colocate, adaptive filling | stream | engine model, 1 GPU: CERO+SARA 5.65, events 7.18, sync 15.79, stock 7.92 |
-| ... with pruning | stream | engine model, one GPU: CERO+SARA with pruning 4.52 vs 5.32 events |
+| ... with pruning | stream | engine model, one GPU: CERO+SARA with pruning 4.51 vs 5.76 events |
 | ... with sleep mode | events | sleep mode drops a stream's carried KV cache |
 | ... with pruning on several processes | deterministic | in-engine pruning runs on one colocate process for now |
 """
