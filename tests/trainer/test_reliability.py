@@ -469,8 +469,10 @@ def test_api_inputs_refused_at_construction(tmp_path):
 
     model, tok, ds, reward = tiny_setup()
     args = make_args(str(tmp_path), num_rounds=1)
-    with pytest.raises(ValueError, match="`reward_funcs` is required"):
+    with pytest.raises(ValueError, match="No reward source provided: `reward_funcs` is required"):  # TRL's words
         AllocGRPOTrainer(model=model, reward_funcs=None, args=args, train_dataset=ds, processing_class=tok)
+    with pytest.raises(ValueError, match="`train_dataset` is required: it is the prompt pool"):  # (TRL's words)
+        AllocGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=None, processing_class=tok)
     with pytest.raises(TypeError, match="Dataset.from_list"):
         AllocGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=list(ds), processing_class=tok)
     with pytest.raises(ValueError, match="`environment_factory` is not supported"):  # before the dataset is checked

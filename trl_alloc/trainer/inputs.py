@@ -20,15 +20,19 @@ def check_inputs(cls_name, reward_funcs, train_dataset, kwargs):
                              "single-turn response per rollout (multi-turn tools, custom rollout functions and "
                              f"environments are not), so use TRL's GRPOTrainer for `{name}`.")
     if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs):
-        raise ValueError("`reward_funcs` is required: the allocators count successes from your verifier's "
-                         "reward (e.g. trl_alloc.tasks.data.reward_for_dataset(...), a function, or a model id).")
+        raise ValueError("No reward source provided: `reward_funcs` is required, the allocators count successes "
+                         "from your verifier's reward (e.g. trl_alloc.tasks.data.reward_for_dataset(...), a function, "
+                         "or a model id).")
     if isinstance(train_dataset, list) and train_dataset and isinstance(train_dataset[0], dict):
         raise TypeError("`train_dataset` is a list of dicts; wrap it as datasets.Dataset.from_list(rows) (the "
                         "prompt pool must be an indexable `datasets.Dataset`).")
-    if train_dataset is None or isinstance(train_dataset, IterableDataset) or not hasattr(train_dataset, "__len__") \
+    if train_dataset is None:
+        raise ValueError("`train_dataset` is required: it is the prompt pool the allocators choose from (a "
+                         "`datasets.Dataset` with a 'prompt' column).")
+    if isinstance(train_dataset, IterableDataset) or not hasattr(train_dataset, "__len__") \
             or not hasattr(train_dataset, "column_names"):
         raise ValueError("`train_dataset` is the prompt pool and must be an indexable `datasets.Dataset` (not "
-                         f"{'None' if train_dataset is None else type(train_dataset).__name__}; an IterableDataset "
+                         f"{type(train_dataset).__name__}; an IterableDataset "
                          "cannot be sampled by prompt id: load it without streaming=True).")
     if "prompt" not in train_dataset.column_names:
         raise ValueError(f"`train_dataset` needs a 'prompt' column (it has {train_dataset.column_names}).")
