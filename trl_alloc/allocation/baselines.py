@@ -410,8 +410,7 @@ class DynamicSamplingRound(EventRound):
             self.results[pid] = []
             out.append((pid, self.k))
             room, running = room - self.k, running + 1
-        if not out and not self.in_flight and len(self.groups) < self.target and self.next >= self.max_prompts \
-                and self.next < self.stream.size and self.spent + self.k <= self.budget:
+        if not out and not self.in_flight and len(self.groups) < self.target and self.next >= self.max_prompts:
             raise RuntimeError(
                 f"dynamic sampling kept {len(self.groups)} of {self.target} groups after "
                 f"{self.max_prompts // self.batch_prompts} generation batches of {self.batch_prompts} prompts "
