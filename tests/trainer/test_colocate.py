@@ -6,6 +6,7 @@ single-threaded start-up), and each test waits for its own."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -22,9 +23,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SIDE_BY_SIDE = 2  # children at once (this machine has 2 cores; each child is mostly one thread)
 
 
+def child_env():
+    """The environment of a child: offline, and a rendezvous port of its own (TRL picks 29500 when it looks free,
+    which two children starting side by side would both take)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
 def run(scenario, out, **extra):
     proc = subprocess.run([sys.executable, CHILD, scenario, str(out), json.dumps(extra)], capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          text=True, timeout=900, env=child_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     with open(os.path.join(out, "result.json")) as f:
         return json.load(f)
@@ -59,7 +69,7 @@ def train_script(out):
          "--max_completion_length", "8", "--use_vllm", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization",
          "0.2", "--rollout_mode", "events", "--use_cpu", "--bf16", "false", "--report_to", "none",
          "--save_strategy", "no"],
-        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900)
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
 
 
 SCENARIOS = {  # test name -> what its child runs, given a folder of its own; the longest first
