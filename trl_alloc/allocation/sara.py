@@ -344,10 +344,8 @@ class SARARound(EventRound):
     def _expected(self):
         """Groups the active prompts are expected to commit (the sum of their p_eff, eq. 2), and the rollouts
         they are expected to still start (k − started, weighted by p_eff)."""
-        if not self.active:
-            return 0.0, 0.0
-        pos, started, n, s, fail = np.asarray(list(self.active.values())).T
-        p = effective_probability(n, s, self.filler.k, (self.prior_a[pos], self.prior_b[pos]), fail)
+        _, p, _ = self._decide()
+        started = np.asarray([a[1] for a in self.active.values()], np.int64)
         return float(p.sum()), float(np.sum(p * (self.filler.k - started)))
 
     def _decided(self, pid, counted=True):
