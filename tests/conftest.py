@@ -12,10 +12,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    """The default embedded model (trl_alloc.tasks.tiny), built offline once per session in a temporary cache."""
+    """The default embedded model (trl_alloc.tasks.tiny), built offline once per run in a temporary cache (under
+    pytest-xdist, one cache for all workers: the first builds, the others wait on the build's file lock)."""
     from trl_alloc.tasks.tiny import get_tiny_model_dir
 
-    cache = tmp_path_factory.mktemp("trl_alloc_cache")
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "trl_alloc_cache"
+    cache.mkdir(exist_ok=True)
     t = time.time()
     path = get_tiny_model_dir(cache_dir=cache, task="arithmetic")
     print(f"\ntiny model built in {time.time() - t:.1f} s: {path}")

@@ -192,3 +192,35 @@ def test_engine_model_colocate_overlaps_nothing():
             assert stream["engine_s"] == pytest.approx(generation_only["engine_s"] + stream["train_s"] + 6 * 1.0)
     server = simulate_engine("uniform", "stream", argparse.Namespace(**{**vars(args), "colocate": False}), 6)
     assert server["engine_s"] < simulate_engine("uniform", "stream", args, 6)["engine_s"]  # a server overlaps
+
+
+def test_every_token_records_the_version_that_generated_it():
+    """A push notes each rollout's tokens so far: its later tokens are the new version's. One engine slot, 10-token
+    rollouts, a push after 4 steps: the running rollout's first 4 tokens are one version old, the rest and the
+    waiting rollout's (all generated after the push) are current."""
+    engine = SimulatedRollouts(lambda pid, rng: (10, 1.0), max_num_seqs=1, step_s=1.0)
+    driver = StreamDriver(engine, lambda pid: [], 64, max_staleness=1)
+    rnd = make_filler("full", group_size=2).start_event_round(np.arange(1), budget=2, target_groups=1, carry={},
+                                                                   wait_for_groups=True)
+    driver.start(rnd)
+    engine.run_for(4.0)
+    driver.push()
+    driver.run(lambda r: r.info["success"])
+    first, second = sorted(driver.trained, key=lambda row: row["rid"])
+    assert first["token_staleness"] == [1] * 4 + [0] * 6 and first["staleness"] == 1
+    assert second["token_staleness"] == [0] * 10 and second["staleness"] == 0  # submitted at 0, waited: all new
+    assert driver.token_staleness == {1: 4, 0: 16}
+
+
+def test_token_versions_across_many_pushes():
+    """On a CERO + SARA stream: one version per completion token, oldest first, the row's staleness its oldest
+    token's, none past the bound, and rollouts that straddle a push (tokens of two versions)."""
+    driver, log, *_ = run_stream("cero", "sara", rounds=8, max_staleness=2)
+    rows = [row for e in log for row in e["trained"]]
+    straddling = 0
+    for row in rows:
+        per_token = row["token_staleness"]
+        assert len(per_token) == len(row["completion_ids"]) and per_token[0] == row["staleness"]
+        assert per_token == sorted(per_token, reverse=True) and 0 <= per_token[-1] and per_token[0] <= 2
+        straddling += len(set(per_token)) > 1
+    assert straddling > 0

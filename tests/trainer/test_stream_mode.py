@@ -43,9 +43,15 @@ def check_stream(trainer, seen, budget, max_staleness):
     # still running when the stream ended, aborted by `finish`)
     trained = Counter(r["rid"] for rows, _ in seen for r in rows)
     assert trained and set(trained.values()) == {1}  # carried rollouts are trained once, never twice
-    for rows, groups in seen:
+    assert len(seen) == len(log)
+    for (rows, groups), entry in zip(seen, log):
         assert all(r["pid"] in groups and not r.get("aborted") for r in rows)
         assert all(0 <= r["staleness"] <= max_staleness for r in rows)
+        # every trained token counted once at the version that generated it, none past the bound
+        by_version = {int(k): n for k, n in entry["token_staleness"].items()}
+        assert sum(by_version.values()) == sum(len(r["completion_ids"]) for r in rows)
+        assert all(0 <= s <= max_staleness for s in by_version)
+        assert max(by_version, default=0) == max((r["staleness"] for r in rows), default=0)
     return trained
 
 

@@ -223,11 +223,12 @@ class Allocator:
     def record_round(self, summary: dict, rows: Sequence[dict], admitted: int,
                      requests: list[tuple[list[int], list[int]]], loss_responses: int, allocator_s: float,
                      round_s: float, events: list[tuple[str, int, int]] | None = None,
-                     responses: int | None = None) -> dict:
+                     responses: int | None = None, log_fields: dict | None = None) -> dict:
         """Counters, exposure and the round's history entry, from the broadcast summary; returns the entry.
         The round's log line goes to `last_round_log` and, with a `round_log_path`, to the file. `events`: an
         event-driven round's order of events, for that line (the main process's only: it is not broadcast).
-        `responses` (stream mode): what the round started, when its rows (what ended) are not all it spent."""
+        `responses` (stream mode): what the round started, when its rows (what ended) are not all it spent.
+        `log_fields`: more fields for the log line (stream mode: `token_staleness`, trained tokens by staleness)."""
         stats = summary["stats"]
         c, tokens = self.counters, sum(len(r["completion_ids"]) for r in rows)
         responses = len(rows) if responses is None else int(responses)
@@ -244,7 +245,7 @@ class Allocator:
         self.budget_exhausted = summary["finished"]
         np.add.at(self.exposure, [r["pid"] for r in rows], 1)
         self.last_round_log = {"round": c["rounds"] - 1, "requests": requests, "groups": summary["groups"],
-                               **({} if events is None else {"events": events})}
+                               **({} if events is None else {"events": events}), **(log_fields or {})}
         self._write_round_log(self.last_round_log)
         entry = {"round": c["rounds"], "responses": responses, "tokens": tokens,
                  "admitted": admitted, "groups": len({r["pid"] for r in rows}), "committed": stats["groups"],

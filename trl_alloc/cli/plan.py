@@ -102,7 +102,8 @@ def engine_table(args):
         print(f"{name:<46}" + "".join(f"{v:>14.2f}" if isinstance(v, float) else f"{v:>14}" for v in vals))
     for name, r in rows.items():
         if "stream" in name:
-            print(f"  staleness of trained rollouts, {name}: {r['staleness']}")
+            print(f"  staleness of trained rollouts (their oldest token), {name}: {r['staleness']}; "
+                  f"of trained tokens: {r['token_staleness']}")
     return rows
 
 

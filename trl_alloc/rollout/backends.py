@@ -99,6 +99,10 @@ class BatchedRollouts:
             r.finish_reason = "length" if len(c) > r.max_tokens else why
         return batch
 
+    def generated_tokens(self) -> dict[int, int]:
+        """{rollout id: tokens generated so far} of the rollouts in flight (pending ones: none yet)."""
+        return dict.fromkeys(self._pending, 0)
+
     def abort(self, rids: Iterable[int]) -> list[Rollout]:
         return [self._abort(self._pending.pop(rid)) for rid in rids if rid in self._pending]
 
@@ -144,6 +148,13 @@ class StreamedRollouts:
     def in_flight(self) -> int:
         with self._lock:
             return len(self._live)
+
+    def generated_tokens(self) -> dict[int, int]:
+        """{rollout id: tokens received so far} of the rollouts in flight. Exact for the tokens the engine
+        generated before a pause once they have arrived (a stream call this after the weight push, before
+        `/resume`)."""
+        with self._lock:
+            return {rid: len(r.token_ids) for rid, (r, _) in self._live.items()}
 
     def request_id(self, rid: int) -> str:
         """The engine's request id of rollout `rid` (what the worker keys its scores by)."""

@@ -133,7 +133,8 @@ class RankEngine:
     """On every rank: its own colocate engine (`VLLMColocateRollouts`), its rollouts known by the ids the main
     process gave them. `apply(cmd)` runs one exchange's part on this rank: start the rollouts assigned to it,
     abort the named ones, step the engine (at most `steps` times, stopping once one of its rollouts has ended),
-    close; returns ("ok", ended rollouts) or ("error", message)."""
+    count the tokens of the ones in flight, close; returns ("ok", ended rollouts, {rid: tokens so far} when
+    counted) or ("error", message, {})."""
 
     def __init__(self, local: VLLMColocateRollouts, rank: int, steps: int = 4) -> None:
         self.local, self.rank, self.steps, self.ids = local, int(rank), int(steps), {}  # local rid -> global rid
@@ -149,13 +150,16 @@ class RankEngine:
             if doomed:
                 out += self.local.abort([lid for lid, rid in self.ids.items() if rid in doomed])
             out += self.local.advance(self.steps if cmd.get("step") else 0)
+            counts = {}
+            if cmd.get("count"):
+                counts = {self.ids[lid]: n for lid, n in self.local.generated_tokens().items() if lid in self.ids}
             if cmd.get("close"):
                 self.local.close()
             for r in out:
                 r.rid = self.ids.pop(r.rid)
-            return "ok", out
+            return "ok", out, counts
         except Exception as exc:  # noqa: BLE001 -- reported to the main process, which raises it on every rank
-            return "error", f"rank {self.rank}: {type(exc).__name__}: {exc}"
+            return "error", f"rank {self.rank}: {type(exc).__name__}: {exc}", {}
 
     def follow(self, broadcast: Callable[[Any], Any], all_gather: Callable[[Any], list]) -> None:
         """A rank other than the main process: apply each command the main process broadcasts until it says stop."""
@@ -175,6 +179,8 @@ class RankedRollouts:
         self.host, self.world = host, int(world_size)
         self._broadcast, self._all_gather = broadcast, all_gather
         self._next_id, self._rank_of, self._pending = 0, {}, {}  # global rid -> rank; rank -> submissions
+        self._ended, self._counts = [], {}  # what an exchange for counts brought back: ended rollouts (handed
+        # back by the next `next_completed`), {rid: tokens so far}
         self.scored = 0
         self.scoring_s = self.hook_s = 0.0
 
@@ -197,16 +203,26 @@ class RankedRollouts:
         cmd["submit"], self._pending = self._pending, {}
         self._broadcast(cmd)
         results = self._all_gather(self.host.apply(cmd))
-        errors = [value for status, value in results if status == "error"]
+        errors = [value for status, value, _ in results if status == "error"]
         if errors:
             raise RuntimeError(f"a colocate rank's rollout backend failed: {errors[0]}")
-        out = [r for _, ended in results for r in ended]
+        out = [r for _, ended, _ in results for r in ended]
         for r in out:
             self._rank_of.pop(r.rid, None)
+        self._counts = {rid: n for _, _, counts in results for rid, n in counts.items()}
         return out
+
+    def generated_tokens(self) -> dict[int, int]:
+        """{rollout id: tokens so far} of the rollouts in flight, from every rank (the engines step only in
+        exchanges, so the counts stay exact until the next one)."""
+        self._ended += self._exchange(count=True)
+        return self._counts
 
     def next_completed(self, timeout: float | None = None) -> list[Rollout]:
         """Exchanges (each rank steps its engine) until a rollout has ended on some rank."""
+        if self._ended:
+            out, self._ended = self._ended, []
+            return out
         while self.in_flight:
             out = self._exchange(step=True)
             if out:
@@ -223,6 +239,7 @@ class RankedRollouts:
     def close(self) -> None:
         self._exchange(close=True)
         self._rank_of.clear()
+        self._ended = []
 
     def release(self) -> None:
         """The main process is done exchanging for now: the other ranks stop following."""

@@ -23,6 +23,7 @@ same rollouts as in the batched two-phase path; `snapshot.info["cohort"]` names 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import time
@@ -193,13 +194,17 @@ class StreamDriver(RoundDriver):
             train on driver.trained; push the weights; driver.push()          # the engine generates meanwhile
         driver.finish()
 
-    Versions: `version` is the policy version the engine generates with (`push` after each weight update);
-    each rollout records the version at its submission (its first token is generated at that version or
-    later). `trained`: the closed round's rows of committed groups, each with its `staleness` (version now −
-    version at submission). At a close, an open group whose first rollout was submitted before version + 1 −
-    `max_staleness` could only be trained too stale: it is dropped (`expired`), its rollouts in flight are
-    aborted (`stale_aborted`). So no trained token is more than `max_staleness` versions older than the
-    policy that trains it. Every started rollout ends exactly once: `spent` = ended + in flight, always.
+    Versions: `version` is the policy version the engine generates with (`push` after each weight update).
+    Every token records the version that produced it: a rollout starts at the version of its submission, and
+    each `push` notes how many tokens each rollout in flight has generated so far (the backend's
+    `generated_tokens()`, taken while the engine is paused), so its later tokens belong to the next version.
+    `trained`: the closed round's rows of committed groups, each with its `staleness` (version now − the
+    version of its oldest token) and `token_staleness` (one entry per completion token); `token_staleness`
+    (the driver's): the closed round's trained tokens counted by staleness. At a close, an open group whose
+    first rollout was submitted before version + 1 − `max_staleness` could only be trained too stale: it is
+    dropped (`expired`), its rollouts in flight are aborted (`stale_aborted`). So no trained token is more
+    than `max_staleness` versions older than the policy that trains it. Every started rollout ends exactly
+    once: `spent` = ended + in flight, always.
     """
 
     def __init__(self, rollouts: Any, prompt_ids_of: Callable[[int], Sequence[int]], max_tokens: int,
@@ -216,6 +221,8 @@ class StreamDriver(RoundDriver):
                              "while a round trains are one version old; use rollout_mode='events' to stay on-policy.")
         self.version = 0
         self.started_at, self.group_version = {}, {}  # rid -> version at submission; pid -> its group's first
+        self.marks = {}  # rid -> its token count at each push since its submission (tokens from there on: newer)
+        self.token_staleness = collections.Counter()  # the closed round's trained tokens by staleness
         self.carry, self.held, self.trained = {}, {}, []  # handed-over groups; pid -> rows held; the last round's
         self.stale_aborted = self.carried = self.carried_total = self.ended_count = 0
         self.replay, self._closed = [], True  # rows that ended after a close, for the next round
@@ -236,8 +243,20 @@ class StreamDriver(RoundDriver):
             self._refill()
 
     def push(self) -> None:
-        """The engine now generates with the next policy version (call after each weight push)."""
+        """The engine generates with the next policy version from now on: call after each weight push, while the
+        engine is still paused (its rollouts in flight have exactly the tokens the old version generated)."""
+        counts = self.rollouts.generated_tokens()
+        for rid in self.live:
+            if rid in counts:  # (not there: ended in the engine, not yet handed back -- all its tokens are older)
+                self.marks.setdefault(rid, []).append(int(counts[rid]))
         self.version += 1
+
+    def _versioned(self, row):
+        """`row` with its `staleness` and `token_staleness` (module docstring: Versions)."""
+        marks, now, v0 = self.marks.get(row["rid"], ()), self.version, self.started_at[row["rid"]]
+        n = len(row.get("completion_ids", ()))
+        per_token = [now - v0 - sum(m <= i for m in marks) for i in range(n)]
+        return dict(row, staleness=per_token[0] if per_token else now - v0 - len(marks), token_staleness=per_token)
 
     def poll(self) -> list[Rollout] | None:
         if self._closed:
@@ -312,14 +331,15 @@ class StreamDriver(RoundDriver):
             if rid in self.live:
                 self._orphans[rid] = rnd
                 self.stale_aborted += int(self.live[rid] in expire)
-        self.trained = [dict(row, staleness=self.version - self.started_at[row["rid"]])
-                        for pid in rnd.groups for row in self.held.get(int(pid), ())]
+        self.trained = [self._versioned(row) for pid in rnd.groups for row in self.held.get(int(pid), ())]
+        self.token_staleness = collections.Counter(s for row in self.trained for s in row["token_staleness"])
         self.held = {pid: rows for pid, rows in self.held.items() if pid in carried}
         self.group_version = {pid: v for pid, v in self.group_version.items() if pid in carried}
         self.carried = sum(state["live"] for state in self.carry.values())
         self.carried_total += self.carried
         keep = set(self.live) | {row["rid"] for rows in self.held.values() for row in rows}
         self.started_at = {rid: v for rid, v in self.started_at.items() if rid in keep}
+        self.marks = {rid: m for rid, m in self.marks.items() if rid in keep}
 
     def finish(self) -> list[Rollout]:
         """End the stream: abort what is still running (spent by the rounds that started it); returns them."""

@@ -89,6 +89,12 @@ class SimulatedRollouts:
             if at and r.info["length"] > at:
                 heapq.heappush(self._ends, (self.steps + at, 0, r.rid))
 
+    def generated_tokens(self) -> dict[int, int]:
+        """{rollout id: tokens generated so far} of the rollouts waiting or running."""
+        out = {r.rid: 0 for r in self.waiting if r.finish_reason is None}
+        out.update({rid: min(self.steps - started, r.info["length"]) for rid, (r, started) in self.running.items()})
+        return out
+
     def next_completed(self, timeout: float | None = None) -> list[Rollout]:
         """Advance the clock to the next step at which a rollout ends (or reaches its detection point); return
         the rollouts ending then (and the snapshots), or what ended during `run_for` first."""
@@ -186,14 +192,14 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     `prune_keep` (events): pruning in the stream at `args.detect_length` tokens, each cohort's rollouts kept
     with probability κ = prune_keep (random pruning: ARROL's compute saving without its selection). Returns
     wall seconds, responses, tokens, effective groups, aborted / carried / stale / pruned rollouts, the
-    engine's idle share and the trained rollouts' staleness histogram."""
+    engine's idle share and the staleness histograms of the trained rollouts (their oldest token) and tokens."""
     pacer, filler, settings = build_method(method, args)
     pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
     train_ms, train_gpus = getattr(args, "train_ms_per_token", 0.0), max(getattr(args, "train_gpus", 1), 1)
     sync_s, colocate = getattr(args, "sync_s", 0.0), bool(getattr(args, "colocate", False))
     total = dict.fromkeys(("engine_s", "train_s", "responses", "tokens", "trained_tokens", "aborted", "carried",
                            "stale_aborted", "pruned", "effective_groups", "busy_s", "slot_s"), 0)
-    total["staleness"] = collections.Counter()
+    total["staleness"], total["token_staleness"] = collections.Counter(), collections.Counter()
     pruning = None if prune_keep is None else RandomPruning(keep_ratio=prune_keep, cold_start_rounds=0, seed=args.seed)
     rates = [pool.success_rate()]
     step = (args.step_ms / 1e3, getattr(args, "step_ms_per_seq", 0.0) / 1e3)
@@ -219,6 +225,8 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         total["trained_tokens"] += tokens
         total["effective_groups"] += rnd.stats()["effective_groups"]
         total["staleness"].update(r.get("staleness", 0) for r in trained)
+        total["token_staleness"].update(s for r in trained if not (r["pruned"] or r["aborted"])
+                                        for s in r.get("token_staleness") or [0] * len(r["completion_ids"]))
         return tokens * train_ms / 1e3 / train_gpus
 
     detect = {"detect_at": pruning and args.detect_length, "on_detect": pruning and on_detect}
@@ -273,7 +281,8 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
             i += 1
     total["rounds"] = i
     total["idle"] = 1.0 - total.pop("busy_s") / max(total.pop("slot_s"), 1e-12)
-    total["staleness"] = {int(k): int(v) for k, v in sorted(total["staleness"].items())}
+    for key in ("staleness", "token_staleness"):
+        total[key] = {int(k): int(v) for k, v in sorted(total[key].items())}
     return total
 
 

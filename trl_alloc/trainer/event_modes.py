@@ -212,8 +212,10 @@ class StreamRoundMixin:
                 sync_vllm_weights(self)
             if self.use_vllm and self.pruner is not None and main:  # the head trained at the close scores from now on
                 self._stream.rollouts.load_head(self.pruner.head)
+            # still paused: each rollout in flight has exactly the tokens the old weights generated (the push took
+            # longer than the last of them took to arrive); its later tokens are the new version's
+            self._allocate(lambda: self._stream.push())
         self._stream_step = self.state.global_step
-        self._allocate(lambda: self._stream.push())
 
     def _stream_rounds_left(self):
         return min(self.num_rounds, self.args.max_steps // self.steps_per_round) - self.allocator.counters["rounds"]
@@ -246,7 +248,8 @@ class StreamRoundMixin:
                     sorted(row["rid"] for rs in driver.held.values() for row in rs),
                     {"waited_s": driver.waited_s, "carried": driver.carried,
                      "stale_aborted": driver.stale_aborted, "version": driver.version,
-                     "in_flight": len(driver.live) + len(driver.replay)})
+                     "in_flight": len(driver.live) + len(driver.replay),
+                     "token_staleness": {int(k): v for k, v in sorted(driver.token_staleness.items())}})
 
         trained, held, log = self._main_call(close)
         if driver is not None:  # the main process: the events go to the round log only

@@ -301,17 +301,21 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             trained = rows
         batches = self._build_loss_batches(trained, summary["groups"])
         state = self.round_state
+        stream = mode == "stream"
         entry = allocator.record_round(summary, rows, admitted, requests, len(state.loss_rows), state.allocator_s,
                                     time.perf_counter() - t_round, events=None if log is None else log.get("events"),
-                                    responses=summary["stats"]["responses"] if mode == "stream" else None)
+                                    responses=summary["stats"]["responses"] if stream else None,
+                                    log_fields={"token_staleness": log["token_staleness"]} if stream else None)
         entry["flat_groups"] = state.flat_groups  # mixed by success, but a constant training reward
         if log is not None:
             entry["engine_wait_s"] = round(log["waited_s"], 6)
-        if mode == "stream":
+        if stream:
             staleness = [r["staleness"] for r in self.round_state.loss_rows]
             entry.update(carried=log["carried"], stale_aborted=log["stale_aborted"], in_flight=log["in_flight"],
                          staleness_max=max(staleness, default=0),
                          staleness_mean=round(sum(staleness) / len(staleness), 6) if staleness else 0.0)
+            tokens = sum(log["token_staleness"].values())
+            entry["stale_token_share"] = round(1 - log["token_staleness"].get(0, 0) / tokens, 6) if tokens else 0.0
             self._after_stream_round(summary)
         self._rounds_this_session += 1
         self._log_round(rows, summary, entry)

@@ -39,7 +39,8 @@ class RoundMetricsMixin:
         if "aborted" in stats:  # event mode
             m["alloc/responses_aborted"].append(float(stats["aborted"]))
             m["alloc/engine_wait_s"].append(float(entry.get("engine_wait_s", 0.0)))
-        for key in ("carried", "stale_aborted", "in_flight", "staleness_mean", "staleness_max"):  # stream mode
+        for key in ("carried", "stale_aborted", "in_flight", "staleness_mean", "staleness_max",  # stream mode
+                    "stale_token_share"):
             if key in entry:
                 m[f"alloc/{key}"].append(float(entry[key]))
         for key, value in self.round_state.sampling.items():  # TRL's names
