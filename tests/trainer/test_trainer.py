@@ -258,8 +258,8 @@ def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode, colocate):
         assert proc.returncode == 0, proc.stderr[-4000:]
         return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
-    def decisions(log):  # the main process's round log, less the events
-        return [{k: x[k] for k in ("round", "requests", "groups")} for x in log]
+    def decisions(log):  # the main process's round log, less the events (stream mode: with token_staleness)
+        return [{k: v for k, v in x.items() if k != "events"} for x in log]
 
     ranks = launch(tmp_path)
     assert ranks[0]["world"] == 2 and "round_log" not in ranks[1]  # written by the main process only
