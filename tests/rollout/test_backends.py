@@ -93,6 +93,7 @@ def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(tmp_path):
                 cut = engine.abort(pruned)
                 assert cut[0].finish_reason == "abort" and 5 <= len(cut[0].token_ids) < 120
                 assert cut[0].token_ids[:5] == snap[0].token_ids and engine.in_flight == 0
+            check_counts_hold_while_paused(engine, server.url)
         finally:
             engine.close()
         with pytest.raises(RuntimeError, match="hidden states of size 32, the served model's are 64"):
@@ -104,6 +105,32 @@ def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(tmp_path):
             check_scores_in_engine(engine, model, head)
         finally:
             engine.close()
+
+
+def check_counts_hold_while_paused(engine, url):
+    """A stream's weight push (`StreamDriver.push`): under vLLM's `/pause?mode=keep` nothing is generated, so the
+    tokens counted then (`generated_tokens`) are exactly the old weights'; after `/resume` the same requests go on
+    to the end, nothing regenerated."""
+    import time
+
+    from trl_alloc.serving.client import AllocVLLMClient
+
+    client = AllocVLLMClient(base_url=url, connection_timeout=30.0)
+    rids = engine.submit([5, 6, 7], n=2, max_tokens=120, tag="pause")
+    deadline = time.monotonic() + 120
+    while min(engine.generated_tokens().get(rid, 120) for rid in rids) < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    with client.paused():
+        time.sleep(0.3)  # tokens generated before the pause arrive
+        marks = engine.generated_tokens()
+        time.sleep(1.0)
+        assert engine.generated_tokens() == marks  # frozen: nothing generated while paused
+    got = []
+    while engine.in_flight:
+        got += engine.next_completed(timeout=120)
+    assert sorted(r.rid for r in got) == rids and all(len(r.token_ids) == 120 for r in got)
+    assert sorted(marks) == rids and all(0 < n < 120 for n in marks.values())  # (4 and 5 tokens when measured)
+    client.close()
 
 
 def check_scores_in_engine(engine, model, head):
