@@ -1,6 +1,7 @@
 """Shared fixtures. tests/ is put on sys.path so that every test folder imports `helpers` (the builders)."""
 
 import os
+import subprocess
 import sys
 import time
 
@@ -10,18 +11,32 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tiny_cache(request, tmp_path_factory):
+    """The temporary cache `tiny_dir` builds into. When a selected test needs the model, its build (one thread, about
+    a minute) starts at once in a process of its own, so it runs beside the tests before the first that needs it;
+    `tiny_dir` then waits on the build's file lock (or builds it itself, had that process failed)."""
+    cache = tmp_path_factory.mktemp("trl_alloc_cache")
+    build = None
+    if any("tiny_dir" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        code = ("import sys; from trl_alloc.tasks.tiny import get_tiny_model_dir; "
+                "get_tiny_model_dir(cache_dir=sys.argv[1], task='arithmetic', progress=False)")
+        build = subprocess.Popen([sys.executable, "-c", code, str(cache)], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield cache
+    if build is not None and build.poll() is None:  # (a run of tests that stopped before needing it)
+        build.kill()
+        build.wait()
+
+
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    """The default embedded model (trl_alloc.tasks.tiny), built offline once per run in a temporary cache (under
-    pytest-xdist, one cache for all workers: the first builds, the others wait on the build's file lock)."""
+def tiny_dir(tiny_cache):
+    """The default embedded model (trl_alloc.tasks.tiny), built offline once per session in a temporary cache."""
     from trl_alloc.tasks.tiny import get_tiny_model_dir
 
-    base = tmp_path_factory.getbasetemp()
-    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "trl_alloc_cache"
-    cache.mkdir(exist_ok=True)
     t = time.time()
-    path = get_tiny_model_dir(cache_dir=cache, task="arithmetic")
-    print(f"\ntiny model built in {time.time() - t:.1f} s: {path}")
+    path = get_tiny_model_dir(cache_dir=tiny_cache, task="arithmetic")
+    print(f"\ntiny model ready in {time.time() - t:.1f} s: {path}")
     return path
 
 
