@@ -11,31 +11,41 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+PREBUILT = {  # fixture -> what builds its model into the cache folder sys.argv[1] (one thread, a minute or less)
+    "tiny_dir": "from trl_alloc.tasks.tiny import get_tiny_model_dir as get; "
+                "get(cache_dir=sys.argv[1], task='arithmetic', progress=False)",
+    "smollm2_dir": "from trl_alloc.tasks.models import get_model_dir as get; "
+                   "get('smollm2-135m-instruct', cache_dir=sys.argv[1], progress=False)",
+}
+
+
 @pytest.fixture(scope="session", autouse=True)
-def tiny_cache(request, tmp_path_factory):
-    """The temporary cache `tiny_dir` builds into. When a selected test needs the model, its build (one thread, about
-    a minute) starts at once in a process of its own, so it runs beside the tests before the first that needs it;
-    `tiny_dir` then waits on the build's file lock (or builds it itself, had that process failed)."""
-    cache = tmp_path_factory.mktemp("trl_alloc_cache")
-    build = None
-    if any("tiny_dir" in getattr(item, "fixturenames", ()) for item in request.session.items):
-        code = ("import sys; from trl_alloc.tasks.tiny import get_tiny_model_dir; "
-                "get_tiny_model_dir(cache_dir=sys.argv[1], task='arithmetic', progress=False)")
-        build = subprocess.Popen([sys.executable, "-c", code, str(cache)], env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    yield cache
-    if build is not None and build.poll() is None:  # (a run of tests that stopped before needing it)
-        build.kill()
-        build.wait()
+def model_caches(request, tmp_path_factory):
+    """{fixture: the temporary cache it builds its model into}. The build of each model a selected test needs starts
+    at once in a process of its own (single-threaded), so it runs beside the tests before the first that needs it;
+    the fixture then waits on the build's file lock (or builds it itself, had that process failed)."""
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    caches, builds = {}, []
+    for fixture, code in PREBUILT.items():
+        caches[fixture] = tmp_path_factory.mktemp(f"{fixture}_cache")
+        if fixture in wanted:
+            builds.append(subprocess.Popen([sys.executable, "-c", f"import sys; {code}", str(caches[fixture])],
+                                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL))
+    yield caches
+    for build in builds:  # (still running only if the tests stopped before needing it)
+        if build.poll() is None:
+            build.kill()
+            build.wait()
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tiny_cache):
+def tiny_dir(model_caches):
     """The default embedded model (trl_alloc.tasks.tiny), built offline once per session in a temporary cache."""
     from trl_alloc.tasks.tiny import get_tiny_model_dir
 
     t = time.time()
-    path = get_tiny_model_dir(cache_dir=tiny_cache, task="arithmetic")
+    path = get_tiny_model_dir(cache_dir=model_caches["tiny_dir"], task="arithmetic")
     print(f"\ntiny model ready in {time.time() - t:.1f} s: {path}")
     return path
 
