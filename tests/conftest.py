@@ -1,7 +1,6 @@
 """Shared fixtures. tests/ is put on sys.path so that every test folder imports `helpers` (the builders)."""
 
 import os
-import subprocess
 import sys
 import time
 
@@ -11,42 +10,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-PREBUILT = {  # fixture -> what builds its model into the cache folder sys.argv[1] (one thread, a minute or less)
-    "tiny_dir": "from trl_alloc.tasks.tiny import get_tiny_model_dir as get; "
-                "get(cache_dir=sys.argv[1], task='arithmetic', progress=False)",
-    "smollm2_dir": "from trl_alloc.tasks.models import get_model_dir as get; "
-                   "get('smollm2-135m-instruct', cache_dir=sys.argv[1], progress=False)",
-}
-
-
-@pytest.fixture(scope="session", autouse=True)
-def model_caches(request, tmp_path_factory):
-    """{fixture: the temporary cache it builds its model into}. The build of each model a selected test needs starts
-    at once in a process of its own (single-threaded), so it runs beside the tests before the first that needs it;
-    the fixture then waits on the build's file lock (or builds it itself, had that process failed)."""
-    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
-    caches, builds = {}, []
-    for fixture, code in PREBUILT.items():
-        caches[fixture] = tmp_path_factory.mktemp(f"{fixture}_cache")
-        if fixture in wanted:
-            builds.append(subprocess.Popen([sys.executable, "-c", f"import sys; {code}", str(caches[fixture])],
-                                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL))
-    yield caches
-    for build in builds:  # (still running only if the tests stopped before needing it)
-        if build.poll() is None:
-            build.kill()
-            build.wait()
-
-
 @pytest.fixture(scope="session")
-def tiny_dir(model_caches):
+def tiny_dir(tmp_path_factory):
     """The default embedded model (trl_alloc.tasks.tiny), built offline once per session in a temporary cache."""
     from trl_alloc.tasks.tiny import get_tiny_model_dir
 
+    cache = tmp_path_factory.mktemp("trl_alloc_cache")
     t = time.time()
-    path = get_tiny_model_dir(cache_dir=model_caches["tiny_dir"], task="arithmetic")
-    print(f"\ntiny model ready in {time.time() - t:.1f} s: {path}")
+    path = get_tiny_model_dir(cache_dir=cache, task="arithmetic")
+    print(f"\ntiny model built in {time.time() - t:.1f} s: {path}")
     return path
 
 

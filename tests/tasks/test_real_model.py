@@ -16,8 +16,8 @@ NAME = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
-def cache(model_caches):
-    return model_caches["smollm2_dir"]  # (its conversion started with the session: tests/conftest.py)
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("real_model_cache")
 
 
 @pytest.fixture(scope="module")
