@@ -254,9 +254,8 @@ class StreamDriver(RoundDriver):
     def _versioned(self, row):
         """`row` with its `staleness` and `token_staleness` (module docstring: Versions)."""
         marks, now, v0 = self.marks.get(row["rid"], ()), self.version, self.started_at[row["rid"]]
-        n = len(row.get("completion_ids", ()))
-        per_token = [now - v0 - sum(m <= i for m in marks) for i in range(n)]
-        return dict(row, staleness=per_token[0] if per_token else now - v0 - len(marks), token_staleness=per_token)
+        per_token = [now - v0 - sum(m <= i for m in marks) for i in range(len(row.get("completion_ids", ())))]
+        return dict(row, staleness=now - v0 - sum(m == 0 for m in marks), token_staleness=per_token)
 
     def poll(self) -> list[Rollout] | None:
         if self._closed:
