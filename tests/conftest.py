@@ -1,5 +1,7 @@
-"""Shared fixtures. tests/ is put on sys.path so that every test folder imports `helpers` (the builders)."""
+"""Shared fixtures. tests/ is put on sys.path so that every test folder imports `helpers` (the builders).
+One vLLM CPU server serves the whole session (`vllm_server`); the test that stops it runs last."""
 
+import importlib.util
 import os
 import sys
 import time
@@ -34,3 +36,33 @@ def tiny_random_dir(tmp_path_factory):
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def _session_server(tmp_path_factory):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    from helpers import SharedServer, build_served_model
+
+    from trl_alloc.serving import start_server
+
+    model_dir = str(tmp_path_factory.mktemp("served") / "model")
+    model = build_served_model(model_dir)
+    server = start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"})
+    print(f"\nvLLM server up in {server.startup_seconds:.1f} s at {server.url} (log {server.log_path})")
+    try:
+        yield SharedServer(server, model_dir, model)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def vllm_server(_session_server):
+    """The session's vLLM CPU server of `helpers.build_served_model` (worker extension, dev routes), reset to
+    the model's own weights, unpaused, with an empty prefix cache (`helpers.SharedServer`)."""
+    return _session_server.reset()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `stops_shared_server` run last (they stop the session's vLLM server)."""
+    items.sort(key=lambda item: item.get_closest_marker("stops_shared_server") is not None)

@@ -1,7 +1,6 @@
 """Builders the tests share: one tiny character-level Qwen2 policy (`char_qwen2`), the trainer tests'
 setup on it, and the repository root. Imported as `helpers` (tests/conftest.py puts tests/ on sys.path)."""
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -116,21 +115,42 @@ def build_served_model(out_dir):
     return model
 
 
-@contextlib.contextmanager
-def served_sums(tmp_path):
-    """A vLLM CPU server of `build_served_model` (worker extension, dev routes) and its trainer's parts: yields
-    (server, model folder, tokenizer, the "a+b=" prompt pool, the first-digit reward)."""
+class SharedServer:
+    """The session's vLLM CPU server of `build_served_model` (fixture `vllm_server`, tests/conftest.py): one server
+    start instead of one per test (each takes 25-40 s here). `reset()` undoes what a test may leave behind: a pause,
+    pushed weights, cached prefixes; `pushes_before` is the worker's push count after it."""
+
+    def __init__(self, server, model_dir, model):
+        self.server, self.url, self.model_dir, self.model = server, server.url, model_dir, model
+        self.pushes_before = 0
+
+    def client(self, **kwargs):
+        from trl_alloc.serving import AllocVLLMClient
+
+        return AllocVLLMClient(base_url=self.url, **{"connection_timeout": 10, "request_timeout": 300, **kwargs})
+
+    def reset(self):
+        client = self.client()
+        try:
+            client._post(f"{self.url}/resume")
+            client.collective_rpc("load_weights_from_dir", [self.model_dir])
+            client.reset_prefix_cache()
+            report = client.weights_checksum()
+            assert report["head_follows_embedding"] is True
+            self.pushes_before = report["num_pushes"]
+        finally:
+            client.close()
+        return self
+
+
+def sums_task(model_dir):
+    """The served trainer tests' parts: (tokenizer, the "a+b=" prompt pool, the first-digit reward)."""
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from trl_alloc.serving import start_server
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
 
-    model_dir = str(tmp_path / "tiny")
-    build_served_model(model_dir)
-    with start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}) as server:
-        rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
+    def first_digit_reward(completions, answer, **kwargs):
+        return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
 
-        def first_digit_reward(completions, answer, **kwargs):
-            return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
-
-        yield server, model_dir, AutoTokenizer.from_pretrained(model_dir), Dataset.from_list(rows), first_digit_reward
+    return AutoTokenizer.from_pretrained(model_dir), Dataset.from_list(rows), first_digit_reward

@@ -10,13 +10,13 @@ from helpers import build_served_model
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-def test_bench_rollout_runs_and_compares_the_two_scoring_paths(tmp_path, capsys):
+def test_bench_rollout_runs_and_compares_the_two_scoring_paths(tmp_path, capsys, vllm_server):
+    """On the session's server (`--server_url`, as for a server a user already runs)."""
     from trl_alloc.cli.bench_rollout import main
 
-    build_served_model(str(tmp_path / "model"))
-    main(["--model", str(tmp_path / "model"), "--dataset", "builtin:arithmetic", "--levels", "1", "--rounds", "1",
-          "--groups", "2", "--num_generations", "4", "--max_completion_length", "8", "--detect_length", "3",
-          "--cold_start", "0", "--gpu_memory_utilization", "0.1", "--max_model_len", "128",
+    main(["--server_url", vllm_server.url, "--model", vllm_server.model_dir, "--dataset", "builtin:arithmetic",
+          "--levels", "1", "--rounds", "1", "--groups", "2", "--num_generations", "4", "--max_completion_length", "8",
+          "--detect_length", "3", "--cold_start", "0",
           "--methods", "stock,stock_arrol_events,stock_stream", "--train_s", "0.2", "--calibrate",
           "--output_dir", str(tmp_path / "out")])
     out = json.load(open(tmp_path / "out" / "bench_rollout.json"))["summary"]

@@ -53,58 +53,56 @@ def check_arrival_order(engine):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(tmp_path):
+def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(vllm_server):
     import torch
 
     from trl_alloc.rollout.quality_head import QualityHead
-    from trl_alloc.serving import start_server
 
-    model = build_served_model(str(tmp_path / "model"))
-    with start_server(str(tmp_path / "model"), timeout=600, env={"HF_HUB_OFFLINE": "1"}) as server:
-        engine = VLLMServerRollouts(server.url, temperature=1.0, seed=0, extra={"ignore_eos": True})
-        try:
-            check_arrival_order(engine)
-            # abort: the rollout comes back with the tokens it had, and no later
-            running = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="cut")
-            cut = engine.abort(running)
-            assert [r.rid for r in cut] == running and cut[0].finish_reason == "abort"
-            assert len(cut[0].token_ids) < 120 and engine.in_flight == 0 and engine.next_completed(timeout=1) == []
+    server, model = vllm_server, vllm_server.model
+    engine = VLLMServerRollouts(server.url, temperature=1.0, seed=0, extra={"ignore_eos": True})
+    try:
+        check_arrival_order(engine)
+        # abort: the rollout comes back with the tokens it had, and no later
+        running = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="cut")
+        cut = engine.abort(running)
+        assert [r.rid for r in cut] == running and cut[0].finish_reason == "abort"
+        assert len(cut[0].token_ids) < 120 and engine.in_flight == 0 and engine.next_completed(timeout=1) == []
 
-            # the detection point: a snapshot at 5 tokens while the same stream goes on to the end; one that
-            # finishes before 5 tokens gives none; aborting after the snapshot keeps the tokens generated since
-            going = engine.submit([5, 6, 7], n=2, max_tokens=40, tag="go", detect_at=5)
-            early = engine.submit([8, 9], n=1, max_tokens=3, tag="early", detect_at=5)
-            got = []
-            while engine.in_flight or not got:
-                got += engine.next_completed(timeout=120)
-            snaps = [r for r in got if r.finish_reason == "detect"]
-            final = {r.rid: r for r in got if r.finish_reason != "detect"}
-            assert sorted(r.rid for r in snaps) == sorted(going) and set(final) == set(going + early)
-            for s in snaps:
-                assert len(s.token_ids) == 5 == len(s.logprobs) and final[s.rid].token_ids[:5] == s.token_ids
-                assert len(final[s.rid].token_ids) == 40  # continued in the same request
-            pruned = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="prune", detect_at=5)
-            snap = engine.next_completed(timeout=120)
-            assert [(r.rid, r.finish_reason) for r in snap[:1]] == [(pruned[0], "detect")]  # the snapshot comes first
-            if len(snap) > 1:  # (timing: the server finished all 120 tokens before this poll; nothing left to abort)
-                assert [(r.rid, r.finish_reason) for r in snap[1:]] == [(pruned[0], "length")]
-                assert snap[1].token_ids[:5] == snap[0].token_ids and engine.in_flight == 0
-            else:
-                cut = engine.abort(pruned)
-                assert cut[0].finish_reason == "abort" and 5 <= len(cut[0].token_ids) < 120
-                assert cut[0].token_ids[:5] == snap[0].token_ids and engine.in_flight == 0
-            check_counts_hold_while_paused(engine, server.url)
-        finally:
-            engine.close()
-        with pytest.raises(RuntimeError, match="hidden states of size 32, the served model's are 64"):
-            VLLMServerRollouts(server.url, quality_head=QualityHead(32, 8, detect_length=5))  # another model's
-        torch.manual_seed(0)
-        head = QualityHead(model.config.hidden_size, 16, detect_length=5)
-        engine = VLLMServerRollouts(server.url, temperature=1.0, extra={"ignore_eos": True}, quality_head=head)
-        try:
-            check_scores_in_engine(engine, model, head)
-        finally:
-            engine.close()
+        # the detection point: a snapshot at 5 tokens while the same stream goes on to the end; one that
+        # finishes before 5 tokens gives none; aborting after the snapshot keeps the tokens generated since
+        going = engine.submit([5, 6, 7], n=2, max_tokens=40, tag="go", detect_at=5)
+        early = engine.submit([8, 9], n=1, max_tokens=3, tag="early", detect_at=5)
+        got = []
+        while engine.in_flight or not got:
+            got += engine.next_completed(timeout=120)
+        snaps = [r for r in got if r.finish_reason == "detect"]
+        final = {r.rid: r for r in got if r.finish_reason != "detect"}
+        assert sorted(r.rid for r in snaps) == sorted(going) and set(final) == set(going + early)
+        for s in snaps:
+            assert len(s.token_ids) == 5 == len(s.logprobs) and final[s.rid].token_ids[:5] == s.token_ids
+            assert len(final[s.rid].token_ids) == 40  # continued in the same request
+        pruned = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="prune", detect_at=5)
+        snap = engine.next_completed(timeout=120)
+        assert [(r.rid, r.finish_reason) for r in snap[:1]] == [(pruned[0], "detect")]  # the snapshot comes first
+        if len(snap) > 1:  # (timing: the server finished all 120 tokens before this poll; nothing left to abort)
+            assert [(r.rid, r.finish_reason) for r in snap[1:]] == [(pruned[0], "length")]
+            assert snap[1].token_ids[:5] == snap[0].token_ids and engine.in_flight == 0
+        else:
+            cut = engine.abort(pruned)
+            assert cut[0].finish_reason == "abort" and 5 <= len(cut[0].token_ids) < 120
+            assert cut[0].token_ids[:5] == snap[0].token_ids and engine.in_flight == 0
+        check_counts_hold_while_paused(engine, server.url)
+    finally:
+        engine.close()
+    with pytest.raises(RuntimeError, match="hidden states of size 32, the served model's are 64"):
+        VLLMServerRollouts(server.url, quality_head=QualityHead(32, 8, detect_length=5))  # another model's
+    torch.manual_seed(0)
+    head = QualityHead(model.config.hidden_size, 16, detect_length=5)
+    engine = VLLMServerRollouts(server.url, temperature=1.0, extra={"ignore_eos": True}, quality_head=head)
+    try:
+        check_scores_in_engine(engine, model, head)
+    finally:
+        engine.close()
 
 
 def check_counts_hold_while_paused(engine, url):

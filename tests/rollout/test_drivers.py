@@ -7,7 +7,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers import build_served_model
 
 from trl_alloc.allocation import make_filler
 from trl_alloc.allocation.event_rounds import BatchedEventRound
@@ -127,77 +126,73 @@ def test_engine_model_pruning_in_the_stream_decides_whole_cohorts_and_frees_thei
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(tmp_path):
-    from trl_alloc.serving import start_server
-
-    build_served_model(str(tmp_path / "model"))
+def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(vllm_server):
     prompts = {i: [5 + i % 20, 6, 7] for i in range(1000)}
-    with start_server(str(tmp_path / "model"), timeout=600, env={"HF_HUB_OFFLINE": "1"}) as server:
-        engine = VLLMServerRollouts(server.url, temperature=1.0, seed=0, extra={"ignore_eos": True})
-        try:
-            # rollout-id parity: every group of two consecutive rollouts is mixed, so the target is reached
-            # with the first two groups to finish, and the rest of the window is aborted
-            odd = lambda r: float(r.rid % 2)  # noqa: E731
-            rnd = ds_round(48, 2, 2)
-            driver = run_round(rnd, engine, prompts.__getitem__, odd, max_tokens=60, max_inflight=16, timeout=120)
-            check_accounting(driver, rnd, 48, 2, 60, success=odd)
-            assert len(rnd.groups) == 2  # (whether any rollout is still running to abort then is timing)
-            done = [i for i, (kind, pid, _) in enumerate(driver.events) if kind == "done" and pid in rnd.groups]
-            submits = [i for i, (kind, _, _) in enumerate(driver.events) if kind == "submit"]
-            assert max(submits) < max(done) and driver.spent < 48  # nothing submitted once the target is met
-            assert engine.in_flight == 0 and engine.next_completed(timeout=1) == []
-            assert all(len(r.token_ids) < 60 for r in driver.ended if r.finish_reason == "abort")
+    engine = VLLMServerRollouts(vllm_server.url, temperature=1.0, seed=0, extra={"ignore_eos": True})
+    try:
+        # rollout-id parity: every group of two consecutive rollouts is mixed, so the target is reached
+        # with the first two groups to finish, and the rest of the window is aborted
+        odd = lambda r: float(r.rid % 2)  # noqa: E731
+        rnd = ds_round(48, 2, 2)
+        driver = run_round(rnd, engine, prompts.__getitem__, odd, max_tokens=60, max_inflight=16, timeout=120)
+        check_accounting(driver, rnd, 48, 2, 60, success=odd)
+        assert len(rnd.groups) == 2  # (whether any rollout is still running to abort then is timing)
+        done = [i for i, (kind, pid, _) in enumerate(driver.events) if kind == "done" and pid in rnd.groups]
+        submits = [i for i, (kind, _, _) in enumerate(driver.events) if kind == "submit"]
+        assert max(submits) < max(done) and driver.spent < 48  # nothing submitted once the target is met
+        assert engine.in_flight == 0 and engine.next_completed(timeout=1) == []
+        assert all(len(r.token_ids) < 60 for r in driver.ended if r.finish_reason == "abort")
 
-            # SARA as events: a prompt that never succeeds is abandoned (an in-flight sibling is aborted); prompts
-            # whose rollouts alternate are committed at k; exact accounting throughout
-            sara = make_filler("sara", group_size=4, probe=2, tau_low=0.45).start_event_round(
-                np.arange(1000), budget=80, target_groups=3)
-            score = lambda r: 0.0 if r.tag % 2 == 0 else float(r.rid % 2)  # noqa: E731
-            driver = run_round(sara, engine, prompts.__getitem__, score, max_tokens=60, max_inflight=12, timeout=120)
-            by_pid = check_accounting(driver, sara, 80, 4, 60, success=score)
-            assert sara.abandoned and all(pid % 2 == 1 for pid in sara.groups)  # even prompts never mix
-            # eq. 3 abandons unmixed prompts only (an odd prompt can be one: when the window splits its probes,
-            # its rollout ids may share a parity)
-            for pid in sara.abandoned:
-                seen = {score(r) for r in by_pid[pid] if r.finish_reason != "abort"}
-                assert len(seen) <= 1, (pid, seen)
-            for r in driver.ended:  # every aborted rollout belongs to a decided prompt or came after the target
-                if r.finish_reason == "abort":
-                    assert r.tag in sara.abandoned or r.tag not in sara.groups
-            assert engine.in_flight == 0 and sum(len(v) for v in by_pid.values()) == driver.spent
+        # SARA as events: a prompt that never succeeds is abandoned (an in-flight sibling is aborted); prompts
+        # whose rollouts alternate are committed at k; exact accounting throughout
+        sara = make_filler("sara", group_size=4, probe=2, tau_low=0.45).start_event_round(
+            np.arange(1000), budget=80, target_groups=3)
+        score = lambda r: 0.0 if r.tag % 2 == 0 else float(r.rid % 2)  # noqa: E731
+        driver = run_round(sara, engine, prompts.__getitem__, score, max_tokens=60, max_inflight=12, timeout=120)
+        by_pid = check_accounting(driver, sara, 80, 4, 60, success=score)
+        assert sara.abandoned and all(pid % 2 == 1 for pid in sara.groups)  # even prompts never mix
+        # eq. 3 abandons unmixed prompts only (an odd prompt can be one: when the window splits its probes,
+        # its rollout ids may share a parity)
+        for pid in sara.abandoned:
+            seen = {score(r) for r in by_pid[pid] if r.finish_reason != "abort"}
+            assert len(seen) <= 1, (pid, seen)
+        for r in driver.ended:  # every aborted rollout belongs to a decided prompt or came after the target
+            if r.finish_reason == "abort":
+                assert r.tag in sara.abandoned or r.tag not in sara.groups
+        assert engine.in_flight == 0 and sum(len(v) for v in by_pid.values()) == driver.spent
 
-            # in-stream pruning at the detection point: the rollouts named at their snapshot are aborted in the
-            # engine and end pruned (spent, no reward, filling their group); the rest run on in their request
-            full = make_filler("full", group_size=4).start_event_round(np.arange(6), budget=24, target_groups=6)
-            calls = []
+        # in-stream pruning at the detection point: the rollouts named at their snapshot are aborted in the
+        # engine and end pruned (spent, no reward, filling their group); the rest run on in their request
+        full = make_filler("full", group_size=4).start_event_round(np.arange(6), budget=24, target_groups=6)
+        calls = []
 
-            def doomed(snaps):  # decided a whole cohort (one submission: a prompt's 4 rollouts) at a time
-                calls.append(sorted(r.rid for r in snaps))
-                return [r.rid for r in snaps if r.rid % 4 == 0]
+        def doomed(snaps):  # decided a whole cohort (one submission: a prompt's 4 rollouts) at a time
+            calls.append(sorted(r.rid for r in snaps))
+            return [r.rid for r in snaps if r.rid % 4 == 0]
 
-            driver = run_round(full, engine, prompts.__getitem__, lambda r: float(r.rid % 2), max_tokens=120,
-                               max_inflight=24, timeout=120, detect_at=6, on_detect=doomed)
-            cohorts = sorted(rid for call in calls for rid in call)
-            assert cohorts == sorted(r.rid for r in driver.ended)  # every rollout's snapshot, exactly once
-            base = cohorts[0]
-            for call in calls:  # whole cohorts only: rollouts base + 4c .. base + 4c + 3 were one submission
-                whole = {(rid - base) // 4 for rid in call}
-                assert call == sorted(base + 4 * c + j for c in whole for j in range(4)), calls
-            ended = {r.rid: r for r in driver.ended}
-            # the named ones are cut where the abort reaches them in time; one that ended first is kept, complete
-            # (how many is timing: the tiny model decodes 120 tokens in about a second)
-            assert driver.pruned <= {rid for rid in ended if rid % 4 == 0}
-            for rid, r in ended.items():
-                if rid in driver.pruned:
-                    assert r.finish_reason == "abort" and 6 <= len(r.token_ids) < 120
-                else:
-                    assert r.finish_reason == "length" and len(r.token_ids) == 120
-            n_pruned = len(driver.pruned)
-            assert full.stats()["pruned"] == n_pruned and full.stats()["aborted"] == driver.aborted == 0
-            assert sum(kind == "prune" for kind, _, _ in driver.events) == n_pruned and full.spent == 24
-            assert len(full.groups) == 6 and driver.tokens == sum(len(r.token_ids) for r in driver.ended)
-        finally:
-            engine.close()
+        driver = run_round(full, engine, prompts.__getitem__, lambda r: float(r.rid % 2), max_tokens=120,
+                           max_inflight=24, timeout=120, detect_at=6, on_detect=doomed)
+        cohorts = sorted(rid for call in calls for rid in call)
+        assert cohorts == sorted(r.rid for r in driver.ended)  # every rollout's snapshot, exactly once
+        base = cohorts[0]
+        for call in calls:  # whole cohorts only: rollouts base + 4c .. base + 4c + 3 were one submission
+            whole = {(rid - base) // 4 for rid in call}
+            assert call == sorted(base + 4 * c + j for c in whole for j in range(4)), calls
+        ended = {r.rid: r for r in driver.ended}
+        # the named ones are cut where the abort reaches them in time; one that ended first is kept, complete
+        # (how many is timing: the tiny model decodes 120 tokens in about a second)
+        assert driver.pruned <= {rid for rid in ended if rid % 4 == 0}
+        for rid, r in ended.items():
+            if rid in driver.pruned:
+                assert r.finish_reason == "abort" and 6 <= len(r.token_ids) < 120
+            else:
+                assert r.finish_reason == "length" and len(r.token_ids) == 120
+        n_pruned = len(driver.pruned)
+        assert full.stats()["pruned"] == n_pruned and full.stats()["aborted"] == driver.aborted == 0
+        assert sum(kind == "prune" for kind, _, _ in driver.events) == n_pruned and full.spent == 24
+        assert len(full.groups) == 6 and driver.tokens == sum(len(r.token_ids) for r in driver.ended)
+    finally:
+        engine.close()
 
 
 def test_plan_engine_model_reports_gpu_seconds_per_effective_group(capsys):

@@ -1,7 +1,7 @@
 """vLLM server mode: start/stop, greedy parity with transformers, CPU weight push, clear errors.
 
-One server (vLLM-CPU here, CUDA elsewhere) is started for the module on a tiny random Qwen2 model
-(2 layers, hidden 64, tied embeddings, character tokenizer) built in a temporary directory.
+The session's server (tests/conftest.py `vllm_server`: vLLM-CPU here, CUDA elsewhere) serves a tiny random Qwen2
+model (2 layers, hidden 64, tied embeddings, character tokenizer) built in a temporary directory.
 """
 
 import importlib.util
@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from helpers import ROOT, build_served_model  # noqa: E402
+from helpers import ROOT  # noqa: E402
 
 from trl_alloc.serving import EXTENSION_CLS, build_server_command, find_free_port, server_env  # noqa: E402
 
@@ -114,24 +114,13 @@ def test_start_server_missing_dir_fails_fast(tmp_path):
         start_server(str(tmp_path / "nope"))
 
 
-# ---------------------------------------------------------------- one live server
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed")
-    from trl_alloc.serving import start_server
-
-    model_dir = str(tmp_path_factory.mktemp("tiny-qwen2"))
-    model = build_served_model(model_dir)
-    server = start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"})
-    from trl_alloc.serving import AllocVLLMClient
-
-    client = AllocVLLMClient(base_url=server.url, connection_timeout=10, request_timeout=300)
-    print(f"\nvLLM server up in {server.startup_seconds:.1f} s at {server.url} (log {server.log_path})")
-    try:
-        yield server, client, model
-    finally:
-        server.stop()
+# ---------------------------------------------------------------- the session's live server
+@pytest.fixture
+def served(vllm_server):
+    """(server, client, model): the session's server (tests/conftest.py), its client and the served model."""
+    client = vllm_server.client()
+    yield vllm_server.server, client, vllm_server.model
+    client.close()
 
 
 @pytest.mark.slow
@@ -317,9 +306,10 @@ def test_start_timeout_kills_and_reports_log(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.stops_shared_server
 @needs_vllm
 def test_stop_frees_port_and_client_fails_clearly(served):
-    """Runs last: stops the module's server."""
+    """Runs last (tests/conftest.py): stops the session's server."""
     from trl_alloc.serving import VLLMServerUnreachableError
     from trl_alloc.serving.server import _group_pids
 

@@ -378,83 +378,77 @@ def test_two_process_zero3_ranks_agree_on_pruning(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-def test_arrol_through_the_vllm_server(tmp_path):
+def test_arrol_through_the_vllm_server(tmp_path, vllm_server):
     """Phase 1 on the server with max_tokens = detect_length, scoring in the trainer, phase 2 sends prompt + partial
     for the survivors only; pruned rollouts never get a token past detect_length."""
-    from helpers import build_served_model
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-    from trl_alloc.serving import start_server
+    from trl_alloc.serving import find_free_port
     from trl_alloc.trainer.trl_compat import patch_trl_vllm_client
 
-    model_dir = str(tmp_path / "tiny")
-    build_served_model(model_dir)  # head_dim 64 (every vLLM CPU attention backend), eos id 2
-    server = start_server(model_dir, timeout=600, env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"})
-    try:
-        from datasets import Dataset
-        from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    server, model_dir = vllm_server, vllm_server.model_dir  # head_dim 64 (every vLLM CPU attention backend), eos 2
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
 
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    def first_digit_reward(completions, answer, **kwargs):
+        return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
 
-        def first_digit_reward(completions, answer, **kwargs):
-            return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
+    args = make_args(str(tmp_path / "out"), **{**ARROL, "generation_kwargs": None}, num_rounds=4,
+                     use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url, vllm_server_timeout=60)
+    with patch_trl_vllm_client(request_timeout=300):
+        trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                                   reward_funcs=first_digit_reward, args=args,
+                                   train_dataset=Dataset.from_list(rows), processing_class=tok)
+    client = trainer.vllm_generation.vllm_client
+    sent, inner = [], client.generate
 
-        args = make_args(str(tmp_path / "out"), **{**ARROL, "generation_kwargs": None}, num_rounds=4,
-                         use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url, vllm_server_timeout=60)
-        with patch_trl_vllm_client(request_timeout=300):
-            trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
-                                       reward_funcs=first_digit_reward, args=args,
-                                       train_dataset=Dataset.from_list(rows), processing_class=tok)
-        client = trainer.vllm_generation.vllm_client
-        sent, inner = [], client.generate
+    def generate(prompts, **kw):
+        out = inner(prompts, **kw)
+        sent.append((kw["max_tokens"], [list(p) for p in prompts], out["completion_ids"]))
+        return out
 
-        def generate(prompts, **kw):
-            out = inner(prompts, **kw)
-            sent.append((kw["max_tokens"], [list(p) for p in prompts], out["completion_ids"]))
-            return out
+    client.generate = generate
+    rec = spy(trainer)
 
-        client.generate = generate
-        rec = spy(trainer)
+    class StopAfterThree(TrainerCallback):  # leaves budget for a 4th round, used below
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step >= 3
 
-        class StopAfterThree(TrainerCallback):  # leaves budget for a 4th round, used below
-            def on_step_end(self, args, state, control, **kwargs):
-                control.should_training_stop = state.global_step >= 3
+    trainer.add_callback(StopAfterThree())
+    trainer.train()
+    assert trainer.state.global_step == 3 and client.weights_checksum()["num_pushes"] - server.pushes_before >= 3
+    rows = [r for req in rec["requests"] for r in req]
+    eos = set(trainer.eos_token_ids)
+    assert {m for m, _, _ in sent} == {L, MAX_LEN - L}
+    assert all(len(c) <= L for m, _, outs in sent if m == L for c in outs)
+    pruned = [r for r in rows if r["pruned"]]
+    assert pruned and all(len(r["completion_ids"]) == L for r in pruned)
+    continued = Counter(tuple(p) for m, ps, _ in sent if m == MAX_LEN - L for p in ps)
+    survivors = Counter(tuple(r["prompt_ids"] + r["completion_ids"][:L]) for r in rows
+                        if not r["pruned"] and not finished_early(r, eos))
+    assert continued == survivors  # only survivors go on, from prompt + partial
+    assert trainer.allocator.counters["responses"] == len(rows) == 3 * 16
+    for r in rows:  # sampling log-probs cover the whole completion (phase 1 + phase 2)
+        assert len(r["sampling_logps"]) == len(r["completion_ids"])
+    for rows_, groups, batches in rec["batches"]:
+        n_loss = sum(1 for r in rows_ if r["pid"] in groups and not r["pruned"])
+        assert sum(len(batch_rows(b)) for b in batches if "tool_mask" not in b) == n_loss
 
-        trainer.add_callback(StopAfterThree())
-        trainer.train()
-        assert trainer.state.global_step == 3 and client.weights_checksum()["num_pushes"] >= 3
-        rows = [r for req in rec["requests"] for r in req]
-        eos = set(trainer.eos_token_ids)
-        assert {m for m, _, _ in sent} == {L, MAX_LEN - L}
-        assert all(len(c) <= L for m, _, outs in sent if m == L for c in outs)
-        pruned = [r for r in rows if r["pruned"]]
-        assert pruned and all(len(r["completion_ids"]) == L for r in pruned)
-        continued = Counter(tuple(p) for m, ps, _ in sent if m == MAX_LEN - L for p in ps)
-        survivors = Counter(tuple(r["prompt_ids"] + r["completion_ids"][:L]) for r in rows
-                            if not r["pruned"] and not finished_early(r, eos))
-        assert continued == survivors  # only survivors go on, from prompt + partial
-        assert trainer.allocator.counters["responses"] == len(rows) == 3 * 16
-        for r in rows:  # sampling log-probs cover the whole completion (phase 1 + phase 2)
-            assert len(r["sampling_logps"]) == len(r["completion_ids"])
-        for rows_, groups, batches in rec["batches"]:
-            n_loss = sum(1 for r in rows_ if r["pid"] in groups and not r["pruned"])
-            assert sum(len(batch_rows(b)) for b in batches if "tool_mask" not in b) == n_loss
+    # The server goes away (nothing listens at the client's URL any more; the session's server stays up for the
+    # other tests): the next round fails with a clear error within the configured timeout, and what was trained
+    # is intact on disk.
+    trainer.save_model(str(tmp_path / "out" / "last"))
+    from trl_alloc.serving import VLLMServerUnreachableError
 
-        # The server goes away: the next round fails with a clear error within the configured timeout,
-        # and what was trained is intact on disk.
-        trainer.save_model(str(tmp_path / "out" / "last"))
-        server.stop()
-        from trl_alloc.serving import VLLMServerUnreachableError
-
-        client.connection_timeout = 5.0
-        start = time.monotonic()
-        with pytest.raises(VLLMServerUnreachableError, match=server.url.split("//")[1]):
-            trainer._run_round()
-        assert time.monotonic() - start < 30
-        last = tmp_path / "out" / "last"
-        reloaded = AutoModelForCausalLM.from_pretrained(str(last))
-        for (name, p), q in zip(trainer.model.named_parameters(), reloaded.parameters()):
-            assert torch.equal(p.detach().cpu(), q), name
-        assert json.loads((last / "allocation_state.json").read_text())["counters"]["rounds"] == 3
-    finally:
-        server.stop()
+    client.base_url = gone = f"http://127.0.0.1:{find_free_port()}"
+    client.connection_timeout = 5.0
+    start = time.monotonic()
+    with pytest.raises(VLLMServerUnreachableError, match=gone.split("//")[1]):
+        trainer._run_round()
+    assert time.monotonic() - start < 30
+    last = tmp_path / "out" / "last"
+    reloaded = AutoModelForCausalLM.from_pretrained(str(last))
+    for (name, p), q in zip(trainer.model.named_parameters(), reloaded.parameters()):
+        assert torch.equal(p.detach().cpu(), q), name
+    assert json.loads((last / "allocation_state.json").read_text())["counters"]["rounds"] == 3

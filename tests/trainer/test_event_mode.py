@@ -93,61 +93,63 @@ def test_events_mode_is_checked(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-def test_events_through_the_vllm_server(tmp_path):
+def test_events_through_the_vllm_server(tmp_path, vllm_server):
     """vLLM server mode: one streamed request per rollout, weights pushed before each round, sampling
     log-probs kept for the importance-sampling correction, aborted rollouts never reach the loss."""
-    from helpers import make_args, served_sums
+    from helpers import make_args, sums_task
     from transformers import AutoModelForCausalLM
 
     from trl_alloc.trainer import AllocGRPOTrainer
     from trl_alloc.trainer.trl_compat import patch_trl_vllm_client
 
-    with served_sums(tmp_path) as (server, model_dir, tok, dataset, first_digit_reward):
-        def run(name, budget, **kw):
-            args = make_args(str(tmp_path / name), num_rounds=3, rollout_budget=budget, max_completion_length=8,
-                             rollout_mode="events", rollout_max_inflight=8, use_vllm=True, vllm_mode="server",
-                             vllm_server_base_url=server.url, vllm_server_timeout=120, generation_kwargs=None, **kw)
-            with patch_trl_vllm_client(request_timeout=300):
-                trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
-                                           reward_funcs=first_digit_reward, args=args,
-                                           train_dataset=dataset, processing_class=tok)
-            seen, inner = [], trainer._build_loss_batches
+    server, model_dir = vllm_server, vllm_server.model_dir  # the session's (tests/conftest.py)
+    tok, dataset, first_digit_reward = sums_task(model_dir)
 
-            def spy(rows_, groups):
-                seen.append((rows_, groups))
-                return inner(rows_, groups)
+    def run(name, budget, **kw):
+        args = make_args(str(tmp_path / name), num_rounds=3, rollout_budget=budget, max_completion_length=8,
+                         rollout_mode="events", rollout_max_inflight=8, use_vllm=True, vllm_mode="server",
+                         vllm_server_base_url=server.url, vllm_server_timeout=120, generation_kwargs=None, **kw)
+        with patch_trl_vllm_client(request_timeout=300):
+            trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                                       reward_funcs=first_digit_reward, args=args,
+                                       train_dataset=dataset, processing_class=tok)
+        seen, inner = [], trainer._build_loss_batches
 
-            trainer._build_loss_batches = spy
-            trainer.train()
-            client = trainer.vllm_generation.vllm_client
-            assert client.weights_checksum()["num_pushes"] >= trainer.state.global_step
-            spent = budget - trainer.allocator.pacer.remaining_responses
-            assert trainer.allocator.counters["responses"] == sum(len(r) for r, _ in seen) == spent <= budget
-            assert sum(check_events(e) for e in read_round_log(trainer.round_log_path)) == spent
-            for rows_, groups in seen:
-                for r in rows_:
-                    assert len(r["completion_ids"]) <= 8
-                    if not (r["aborted"] or r["pruned"]):
-                        assert len(r["sampling_logps"]) == len(r["completion_ids"])
-            loss = trainer.round_state.loss_rows  # the last round's: no aborted or pruned rollout
-            assert all(not r["aborted"] and not r["pruned"] for r in loss)
-            return trainer, [r for rs, _ in seen for r in rs]
+        def spy(rows_, groups):
+            seen.append((rows_, groups))
+            return inner(rows_, groups)
 
-        run("sara", 72, pacing="uniform", filling="sara")
+        trainer._build_loss_batches = spy
+        trainer.train()
+        client = trainer.vllm_generation.vllm_client
+        assert client.weights_checksum()["num_pushes"] - server.pushes_before >= trainer.state.global_step
+        spent = budget - trainer.allocator.pacer.remaining_responses
+        assert trainer.allocator.counters["responses"] == sum(len(r) for r, _ in seen) == spent <= budget
+        assert sum(check_events(e) for e in read_round_log(trainer.round_log_path)) == spent
+        for rows_, groups in seen:
+            for r in rows_:
+                assert len(r["completion_ids"]) <= 8
+                if not (r["aborted"] or r["pruned"]):
+                    assert len(r["sampling_logps"]) == len(r["completion_ids"])
+        loss = trainer.round_state.loss_rows  # the last round's: no aborted or pruned rollout
+        assert all(not r["aborted"] and not r["pruned"] for r in loss)
+        return trainer, [r for rs, _ in seen for r in rs]
 
-        # ARROL in the stream: the head goes to the server with the weights, the worker scores each rollout at
-        # detect_length, pruned rollouts are aborted there (spent, no reward, never in the loss)
-        trainer, seen = run("arrol", 48, pacing="uniform", filling="full", pruning="arrol", detect_length=2,
-                            cold_start_rounds=1, head_hidden_size=16, keep_ratio=0.5, per_device_train_batch_size=16)
-        pruned = [r for r in seen if r["pruned"]]
-        prunes = [(pid, rid) for e in read_round_log(trainer.round_log_path) for kind, pid, rid in e["events"]
-                  if kind == "prune"]
-        assert len(prunes) == len(pruned) == trainer.pruner.totals["pruned"] == sum(h["pruned"] for h in
-                                                                                     trainer.allocator.history)
-        assert {r["rid"] for r in pruned} == {rid for _, rid in prunes}
-        assert all(r["success"] != r["success"] and r["reward"] != r["reward"] for r in pruned)  # NaN: no reward
-        assert all(2 <= len(r["completion_ids"]) <= 8 for r in pruned)
-        assert trainer.pruner.totals["eligible"] > 0 and len(trainer.pruner.policy.calibrator) > 0  # head learnt
+    run("sara", 72, pacing="uniform", filling="sara")
+
+    # ARROL in the stream: the head goes to the server with the weights, the worker scores each rollout at
+    # detect_length, pruned rollouts are aborted there (spent, no reward, never in the loss)
+    trainer, seen = run("arrol", 48, pacing="uniform", filling="full", pruning="arrol", detect_length=2,
+                        cold_start_rounds=1, head_hidden_size=16, keep_ratio=0.5, per_device_train_batch_size=16)
+    pruned = [r for r in seen if r["pruned"]]
+    prunes = [(pid, rid) for e in read_round_log(trainer.round_log_path) for kind, pid, rid in e["events"]
+              if kind == "prune"]
+    assert len(prunes) == len(pruned) == trainer.pruner.totals["pruned"] == sum(h["pruned"] for h in
+                                                                                 trainer.allocator.history)
+    assert {r["rid"] for r in pruned} == {rid for _, rid in prunes}
+    assert all(r["success"] != r["success"] and r["reward"] != r["reward"] for r in pruned)  # NaN: no reward
+    assert all(2 <= len(r["completion_ids"]) <= 8 for r in pruned)
+    assert trainer.pruner.totals["eligible"] > 0 and len(trainer.pruner.policy.calibrator) > 0  # head learnt
 
 
 def test_events_keep_arrol_two_phase_pruning_with_transformers_generation(tmp_path):

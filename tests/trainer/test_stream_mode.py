@@ -122,74 +122,75 @@ def test_stream_resume_mid_stream(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vLLM is not installed")
-def test_stream_through_the_vllm_server(tmp_path):
+def test_stream_through_the_vllm_server(tmp_path, vllm_server):
     """vLLM server mode: rollouts keep running while the trainer trains, each weight push pauses the server with
     /pause?mode=keep (in-flight rollouts go on, on the new weights), stale tokens are trained with TRL's
     importance-sampling correction from vLLM's sampling log-probs, and no trained token is too old."""
-    from helpers import make_args, served_sums
+    from helpers import make_args, sums_task
     from transformers import AutoModelForCausalLM
 
     from trl_alloc.trainer import AllocGRPOTrainer
     from trl_alloc.trainer.trl_compat import patch_trl_vllm_client
 
-    with served_sums(tmp_path) as (server, model_dir, tok, dataset, first_digit_reward):
-        budget = 48  # full groups (stock GRPO as a stream): every committed group trains, whatever the rewards
+    server, model_dir = vllm_server, vllm_server.model_dir  # the session's (tests/conftest.py)
+    tok, dataset, first_digit_reward = sums_task(model_dir)
+    budget = 48  # full groups (stock GRPO as a stream): every committed group trains, whatever the rewards
 
-        def make(name):
-            args = make_args(str(tmp_path / name), pacing="uniform", filling="full", num_rounds=6,
-                             rollout_budget=budget, max_completion_length=24, rollout_mode="stream",
-                             rollout_max_inflight=8, max_staleness=2, use_vllm=True, vllm_mode="server",
-                             vllm_server_base_url=server.url, vllm_server_timeout=120, generation_kwargs=None,
-                             learning_rate=1e-2, save_strategy="steps", save_steps=3)
-            with patch_trl_vllm_client(request_timeout=300):
-                return AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
-                                        reward_funcs=first_digit_reward, args=args, train_dataset=dataset,
-                                        processing_class=tok)
+    def make(name):
+        args = make_args(str(tmp_path / name), pacing="uniform", filling="full", num_rounds=6,
+                         rollout_budget=budget, max_completion_length=24, rollout_mode="stream",
+                         rollout_max_inflight=8, max_staleness=2, use_vllm=True, vllm_mode="server",
+                         vllm_server_base_url=server.url, vllm_server_timeout=120, generation_kwargs=None,
+                         learning_rate=1e-2, save_strategy="steps", save_steps=3)
+        with patch_trl_vllm_client(request_timeout=300):
+            return AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                                    reward_funcs=first_digit_reward, args=args, train_dataset=dataset,
+                                    processing_class=tok)
 
-        trainer = make("out")
-        batches, inner = [], trainer._collate
+    trainer = make("out")
+    batches, inner = [], trainer._collate
 
-        def spy(rows_, *a, **kw):
-            out = inner(rows_, *a, **kw)
-            batches.append((rows_, out))
-            return out
+    def spy(rows_, *a, **kw):
+        out = inner(rows_, *a, **kw)
+        batches.append((rows_, out))
+        return out
 
-        trainer._collate = spy
-        client = trainer.vllm_generation.vllm_client
-        pauses, paused = [], client.paused
+    trainer._collate = spy
+    client = trainer.vllm_generation.vllm_client
+    pauses, paused = [], client.paused
 
-        def count_pauses(mode="keep"):
-            pauses.append(mode)
-            return paused(mode)
+    def count_pauses(mode="keep"):
+        pauses.append(mode)
+        return paused(mode)
 
-        client.paused = count_pauses
-        seen = train_with_spy(trainer)
-        check_stream(trainer, seen, budget, 2)
-        # one push per optimizer step but the last (no rollout runs on its weights), each inside a keep-pause
-        assert pauses == ["keep"] * (trainer.state.global_step - 1) and trainer.state.global_step >= 3
-        assert client.weights_checksum()["num_pushes"] >= len(pauses)
-        assert not client._get(f"{server.url}/is_paused")["is_paused"]  # every pause was resumed
-        trained = [r for rows_, _ in seen for r in rows_]
-        assert any(r["staleness"] >= 1 for r in trained)  # rollouts ran while the trainer trained
-        for rows_, out in batches:  # the correction, from vLLM's sampling log-probs, on every trained token
-            if not rows_:
-                continue
-            assert all(len(r["sampling_logps"]) == len(r["completion_ids"]) for r in rows_)
-            assert "importance_sampling_ratio" in out and "sampling_per_token_logps" in out
-        logged = {k for x in trainer.state.log_history for k in x}
-        assert {"sampling/importance_sampling_ratio/mean", "alloc/staleness_max", "alloc/carried"} <= logged
+    client.paused = count_pauses
+    seen = train_with_spy(trainer)
+    check_stream(trainer, seen, budget, 2)
+    # one push per optimizer step but the last (no rollout runs on its weights), each inside a keep-pause
+    assert pauses == ["keep"] * (trainer.state.global_step - 1) and trainer.state.global_step >= 3
+    assert client.weights_checksum()["num_pushes"] - server.pushes_before >= len(pauses)
+    assert not client._get(f"{server.url}/is_paused")["is_paused"]  # every pause was resumed
+    trained = [r for rows_, _ in seen for r in rows_]
+    assert any(r["staleness"] >= 1 for r in trained)  # rollouts ran while the trainer trained
+    for rows_, out in batches:  # the correction, from vLLM's sampling log-probs, on every trained token
+        if not rows_:
+            continue
+        assert all(len(r["sampling_logps"]) == len(r["completion_ids"]) for r in rows_)
+        assert "importance_sampling_ratio" in out and "sampling_per_token_logps" in out
+    logged = {k for x in trainer.state.log_history for k in x}
+    assert {"sampling/importance_sampling_ratio/mean", "alloc/staleness_max", "alloc/carried"} <= logged
 
-        # resume mid-stream from the server run's checkpoint: the allocator's state at the last close, the rollouts
-        # then in flight named (and dropped), the checkpoint's weights pushed inside a keep-pause, the budget exact
-        ckpt = tmp_path / "out" / "checkpoint-3"
-        saved = json.loads((ckpt / ALLOCATION_STATE_NAME).read_text())
-        assert saved["counters"]["rounds"] == 3 and {"in_flight", "open_groups", "fate"} <= set(saved["stream"])
-        resumed = make("resumed")
-        seen = train_with_spy(resumed, resume_from_checkpoint=str(ckpt))
-        assert resumed.state.global_step == trainer.state.global_step
-        spent = budget - resumed.allocator.pacer.remaining_responses
-        assert resumed.allocator.counters["responses"] == spent <= budget
-        trained = Counter(r["rid"] for rows_, _ in seen for r in rows_)
-        assert trained and set(trained.values()) == {1}
-        assert all(0 <= r["staleness"] <= 2 for rows_, _ in seen for r in rows_)
-        assert not client._get(f"{server.url}/is_paused")["is_paused"]
+    # resume mid-stream from the server run's checkpoint: the allocator's state at the last close, the rollouts
+    # then in flight named (and dropped), the checkpoint's weights pushed inside a keep-pause, the budget exact
+    ckpt = tmp_path / "out" / "checkpoint-3"
+    saved = json.loads((ckpt / ALLOCATION_STATE_NAME).read_text())
+    assert saved["counters"]["rounds"] == 3 and {"in_flight", "open_groups", "fate"} <= set(saved["stream"])
+    resumed = make("resumed")
+    seen = train_with_spy(resumed, resume_from_checkpoint=str(ckpt))
+    assert resumed.state.global_step == trainer.state.global_step
+    spent = budget - resumed.allocator.pacer.remaining_responses
+    assert resumed.allocator.counters["responses"] == spent <= budget
+    trained = Counter(r["rid"] for rows_, _ in seen for r in rows_)
+    assert trained and set(trained.values()) == {1}
+    assert all(0 <= r["staleness"] <= 2 for rows_, _ in seen for r in rows_)
+    assert not client._get(f"{server.url}/is_paused")["is_paused"]

@@ -126,7 +126,9 @@ def compare_scoring(model_dir, snaps, last_round, head_state, pad_id):
     t0 = time.perf_counter()
     hidden = last_hidden_states(model, [s["prompt_ids"] + s["token_ids"] for s in snaps], pad_id, batch_size=8)
     trainer_s = time.perf_counter() - t0
-    diff = (head(hidden).double() - torch.tensor([s["score"] for s in snaps], dtype=torch.float64)).abs()
+    with torch.no_grad():
+        scores = head(hidden).double()
+    diff = (scores - torch.tensor([s["score"] for s in snaps], dtype=torch.float64)).abs()
     return {"scored": len(snaps), "engine_s_per_scored": last_round["scoring_s"] / max(last_round["scored"], 1),
             "trainer_s_per_scored": trainer_s / len(snaps), "max_abs_score_diff": float(diff.max())}
 
