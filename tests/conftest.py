@@ -63,6 +63,29 @@ def vllm_server(_session_server):
     return _session_server.reset()
 
 
+@pytest.fixture(scope="session")
+def two_process_runs(tmp_path_factory):
+    """run(zero, name) -> (rank records, the run's folder) of `helpers.TWO_PROCESS_RUNS[zero][name]`: all runs of
+    one accelerate config share one launch, started by the first test that asks for one of them."""
+    from helpers import TWO_PROCESS_RUNS, launch_two_processes
+
+    launched = {}
+
+    def run(zero, name):
+        if zero not in launched:
+            out = tmp_path_factory.mktemp(f"two_process_{zero}")
+            try:
+                launched[zero] = out, launch_two_processes(zero, out, TWO_PROCESS_RUNS[zero])
+            except BaseException as exc:  # noqa: BLE001 -- every test of this launch reports its failure
+                launched[zero] = out, exc
+        out, got = launched[zero]
+        if isinstance(got, BaseException):
+            raise got
+        return got[name], out / name
+
+    return run
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `stops_shared_server` run last (they stop the session's vLLM server)."""
     items.sort(key=lambda item: item.get_closest_marker("stops_shared_server") is not None)

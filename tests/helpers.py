@@ -154,3 +154,33 @@ def sums_task(model_dir):
         return [float(c[:1] == a[:1]) for c, a in zip(completions, answer)]
 
     return AutoTokenizer.from_pretrained(model_dir), Dataset.from_list(rows), first_digit_reward
+
+
+SMOKE = dict(pacing="cero", filling="sara", probe=1, commit_min=3, rollout_max_inflight=4)  # one-row requests
+TWO_PROCESS_RUNS = {  # accelerate config -> {run: settings} (tests/trainer/dist_smoke.py), one launch per config
+    "zero2": {"deterministic": {**SMOKE, "rollout_mode": "deterministic"},
+              "deterministic-resumed": {**SMOKE, "rollout_mode": "deterministic",
+                                        "resume_from_checkpoint": "deterministic/run/checkpoint-2"}},
+    "zero3": {"deterministic": {**SMOKE, "rollout_mode": "deterministic"},
+              "events": {**SMOKE, "rollout_mode": "events"},
+              "stream": {**SMOKE, "rollout_mode": "stream"},
+              "arrol": {**SMOKE, "pruning": "arrol", "detect_length": 2, "max_completion_length": 5,
+                        "cold_start_rounds": 1, "head_hidden_size": 16}},
+}
+
+
+def launch_two_processes(zero, out, runs, timeout=900):
+    """`accelerate launch` of tests/trainer/dist_smoke.py on 2 CPU processes under configs/accelerate/<zero>.yaml:
+    `runs` ({name: settings}) one after another in the same two processes (each launch starts torch, DeepSpeed and
+    TRL twice: ~20 s here). Returns {name: [rank 0's record, rank 1's]}; each run's files are in out/<name>."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "configs" / "accelerate" / f"{zero}.yaml"), "--main_process_port", "0",
+           str(ROOT / "tests" / "trainer" / "dist_smoke.py"), str(out), json.dumps(runs)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {name: [json.loads((Path(out) / name / f"rank{r}.json").read_text()) for r in range(2)] for name in runs}

@@ -1,7 +1,9 @@
-"""Launched by tests/test_trainer.py under `accelerate launch` (2 CPU processes): trains a few rounds and
-writes each rank's decisions to <out>/rank<r>.json (and the main process's round log, read back from
-output_dir/allocation/rounds.jsonl), so the test can check all ranks acted identically. With
-"colocate": true, every rank generates with its own vLLM colocate engine (the vLLM tests' model, from a folder)."""
+"""Launched by the two-process tests under `accelerate launch` (2 CPU processes; helpers.launch_two_processes):
+`dist_smoke.py OUT RUNS`, RUNS a JSON {name: settings}. Each run trains a few rounds in OUT/<name>/run, one after
+another in the same processes, and writes each rank's decisions to OUT/<name>/rank<r>.json (and the main process's
+round log, read back from output_dir/allocation/rounds.jsonl), so the test can check all ranks acted identically.
+"resume_from_checkpoint" is relative to OUT. With "colocate": true, every rank generates with its own vLLM colocate
+engine (the vLLM tests' model, from a folder); a vLLM engine holds process-wide state, so that run is alone."""
 
 import json
 import os
@@ -55,9 +57,10 @@ def served_setup(model_dir):
             Dataset.from_list(rows), first_digit_reward)
 
 
-def main():
-    out, pacing, filling = sys.argv[1], sys.argv[2], sys.argv[3]
-    extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+def train(out, settings):
+    """One run in folder `out` (see the module docstring); returns its trainer."""
+    extra = dict(settings)
+    pacing, filling = extra.pop("pacing", "cero"), extra.pop("filling", "sara")
     resume = extra.pop("resume_from_checkpoint", None)
     colocate = extra.pop("colocate", False)
     if colocate:
@@ -93,6 +96,17 @@ def main():
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f, default=_json_default)
     trainer.accelerator.wait_for_everyone()
+    return trainer
+
+
+def main():
+    out, runs = sys.argv[1], json.loads(sys.argv[2])
+    trainer = None
+    for name, settings in runs.items():
+        if settings.get("resume_from_checkpoint"):
+            settings = {**settings, "resume_from_checkpoint": os.path.join(out, settings["resume_from_checkpoint"])}
+        os.makedirs(os.path.join(out, name), exist_ok=True)
+        trainer = train(os.path.join(out, name), settings)
     trainer.accelerator.end_training()  # destroy the process group before exit (else gloo may abort at teardown)
 
 

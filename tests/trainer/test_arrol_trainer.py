@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from helpers import ROOT, make_args, tiny_setup  # noqa: E402
+from helpers import make_args, tiny_setup  # noqa: E402
 
 from trl_alloc.allocation.allocator import read_round_log  # noqa: E402
 from trl_alloc.trainer.config import AllocGRPOConfig  # noqa: E402
@@ -347,22 +347,11 @@ def test_pruning_none_is_unchanged(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_zero3_ranks_agree_on_pruning(tmp_path):
+def test_two_process_zero3_ranks_agree_on_pruning(two_process_runs):
     """`accelerate launch` with 2 CPU processes under ZeRO-3 (collective forwards and generation): one-row
-    SARA requests leave some ranks without rows; every rank makes the same decisions, the budget is exact."""
-    import subprocess
-    import sys
-
-    root = str(ROOT)
-    extra = {"probe": 1, "commit_min": 3, "pruning": "arrol", "detect_length": L, "max_completion_length": 5,
-             "cold_start_rounds": 1, "head_hidden_size": 16}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           os.path.join(root, "configs", "accelerate", "zero3.yaml"), "--main_process_port", "0",
-           os.path.join(root, "tests", "trainer", "dist_smoke.py"), str(tmp_path), "cero", "sara", json.dumps(extra)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    SARA requests leave some ranks without rows; every rank makes the same decisions, the budget is exact.
+    (Run "arrol" of helpers.TWO_PROCESS_RUNS, in the ZeRO-3 launch the other two-process tests share.)"""
+    ranks, out = two_process_runs("zero3", "arrol")
     log = [{k: x[k] for k in ("round", "requests", "groups")} for x in ranks[0]["round_log"]]  # the main's file
     assert ranks[0]["decided"] == ranks[1]["decided"] == log and ranks[0]["counters"] == ranks[1]["counters"]
     assert len(log) == ranks[0]["counters"]["rounds"] == 3
@@ -370,7 +359,7 @@ def test_two_process_zero3_ranks_agree_on_pruning(tmp_path):
     state = ranks[0]["allocation_state"]
     assert state["pruner"]["totals"]["pruned"] > 0 and state["pruner"]["rounds"] == 3
     assert ranks[0]["counters"]["responses"] == 40 - state["pacer"]["remaining_responses"] <= 40
-    assert (tmp_path / "run" / "checkpoint-2" / HEAD_DIR / "model.safetensors").is_file()
+    assert (out / "run" / "checkpoint-2" / HEAD_DIR / "model.safetensors").is_file()
 
 
 # ---------------------------------------------------------------- vLLM server mode (CPU)

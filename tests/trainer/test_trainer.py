@@ -234,34 +234,25 @@ def test_bad_dataset_and_pool_errors(tmp_path):
 @pytest.mark.parametrize("zero,mode,colocate", [("zero2", "deterministic", False), ("zero3", "deterministic", False),
                                                 ("zero3", "events", False), ("zero3", "stream", False),
                                                 ("zero2", "events", True), ("zero3", "stream", True)])
-def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode, colocate):
+def test_two_process_deepspeed_ranks_agree(tmp_path, two_process_runs, zero, mode, colocate):
     """`accelerate launch` with 2 CPU processes: every rank logs the same decisions; budget is exact.
     probe=1 makes one-row requests, so some ranks have no share (ZeRO-3 pads, ZeRO-2 skips). In events mode
     the main process's event round drives batched generation on both ranks; in stream mode its stream does,
     and every rank holds the open groups' rows until they commit. With vLLM colocate, each rank steps its own
-    engine on the rollouts the main process assigns it (rollout.colocate.RankedRollouts)."""
+    engine on the rollouts the main process assigns it (rollout.colocate.RankedRollouts). The runs without vLLM
+    share one launch per ZeRO stage (conftest.py `two_process_runs`); a colocate run has a launch of its own."""
     if colocate and importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed")
-    import subprocess
-    import sys
-
-    root = str(ROOT)
-
-    def launch(out, **extra):
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               os.path.join(root, "configs", "accelerate", f"{zero}.yaml"), "--main_process_port", "0",
-               os.path.join(root, "tests", "trainer", "dist_smoke.py"), str(out), "cero", "sara",
-               json.dumps({"probe": 1, "commit_min": 3, "rollout_mode": mode, "rollout_max_inflight": 4,
-                           "colocate": colocate, **extra})]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    from helpers import SMOKE, launch_two_processes
 
     def decisions(log):  # the main process's round log, less the events (stream mode: with token_staleness)
         return [{k: v for k, v in x.items() if k != "events"} for x in log]
 
-    ranks = launch(tmp_path)
+    if colocate:
+        settings = {**SMOKE, "rollout_mode": mode, "colocate": True}
+        ranks, out = launch_two_processes(zero, tmp_path, {mode: settings})[mode], tmp_path / mode
+    else:
+        ranks, out = two_process_runs(zero, mode)
     assert ranks[0]["world"] == 2 and "round_log" not in ranks[1]  # written by the main process only
     log = ranks[0]["round_log"]
     assert (ranks[0]["decided"] == ranks[1]["decided"] == decisions(log)
@@ -278,10 +269,14 @@ def test_two_process_deepspeed_ranks_agree(tmp_path, zero, mode, colocate):
     assert sums == ranks[1]["param_sums"] and len(sums) == len(log) + 1
     for i, entry in enumerate(log):  # a round without groups moves no parameter
         assert (sums[i + 1] == sums[i]) == (not entry["groups"]), (i, entry["groups"])
-    saved = json.loads((tmp_path / "run" / "checkpoint-2" / ALLOCATION_STATE_NAME).read_text())
+    saved = json.loads((out / "run" / "checkpoint-2" / ALLOCATION_STATE_NAME).read_text())
     assert saved["counters"]["rounds"] == 2
     if zero == "zero2":  # resuming on 2 ranks reproduces the uninterrupted run's decisions and weights
-        resumed = launch(tmp_path / "resumed", resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+        if colocate:
+            resume = {**settings, "resume_from_checkpoint": f"{mode}/run/checkpoint-2"}
+            resumed = launch_two_processes(zero, tmp_path, {"resumed": resume})["resumed"]
+        else:
+            resumed = two_process_runs(zero, "deterministic-resumed")[0]
         assert resumed[0]["decided"] == resumed[1]["decided"] == decisions(resumed[0]["round_log"])
         if colocate:  # a fresh engine samples anew after a resume: the ranks agree and the budget holds
             spent = 40 - resumed[0]["allocation_state"]["pacer"]["remaining_responses"]
