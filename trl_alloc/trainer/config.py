@@ -132,6 +132,10 @@ class AllocGRPOConfig(GRPOConfig):
         "vLLM importance-sampling correction (`vllm_importance_sampling_correction`)."})
     rollout_max_inflight: int | None = field(default=None, metadata={
         "help": "Events mode: most rollouts running at once. None = the generation batch (what stock TRL runs)."})
+    vllm_enforce_eager: bool | None = field(default=None, metadata={
+        "help": "vLLM colocate: run the engine eagerly (no torch.compile, no CUDA graphs). None: eager on CPU, as "
+        "trl-alloc-serve's CPU server (compiling costs ~30 s at each engine start on a 2-core CPU), vLLM's default "
+        "(compiled, CUDA graphs) on a GPU, as TRL."})
     sara_overcommit: float = field(default=1.5, metadata={
         "help": "Events mode, SARA: admit prompts while committed + expected groups (sum of p_eff) < this × "
         "target_groups. Higher fills the engine sooner and aborts more surplus (spent budget)."})
@@ -385,7 +389,7 @@ PARAMETER_GROUPS = {
         "target_groups", "probe", "tau_low", "commit_min", "sara_safety_factor", "history_decay",
         "max_generation_batches"),
     "Rollouts: deterministic, event-driven or one stream across rounds": (
-        "rollout_mode", "max_staleness", "rollout_max_inflight", "sara_overcommit"),
+        "rollout_mode", "max_staleness", "rollout_max_inflight", "vllm_enforce_eager", "sara_overcommit"),
     "ARROL (arXiv 2603.24840)": (
         "detect_length", "prune_undecided", "keep_ratio", "target_ratio", "survival_slope", "survival_min",
         "survival_max", "cold_start_rounds", "cold_start_steps", "head_hidden_size", "head_learning_rate",

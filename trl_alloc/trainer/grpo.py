@@ -51,8 +51,8 @@ from .loss_batch import LossBatchMixin
 from .metrics import RoundMetricsMixin
 from .round_state import RoundState
 from .event_modes import EventRoundMixin, StreamRoundMixin
-from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_vllm_client, tokenize_prompts, train_metrics,
-                         use_inplace_colocate_push)
+from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_colocate_llm, patch_trl_vllm_client,
+                         tokenize_prompts, train_metrics, use_inplace_colocate_push)
 
 
 class _Ticks(torch.utils.data.Dataset):
@@ -128,8 +128,14 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             model = resolve_model(model)
         server_mode = args.use_vllm and args.vllm_mode == "server"
         check_trl()
-        # server mode: our client (NCCL weight sync on CUDA, an in-place reload elsewhere; clear timeouts)
-        with patch_trl_vllm_client() if server_mode else contextlib.nullcontext():
+        if server_mode:  # our client (NCCL weight sync on CUDA, an in-place reload elsewhere; clear timeouts)
+            engine_setup = patch_trl_vllm_client()
+        elif args.use_vllm:  # colocate: the engine eager or compiled
+            eager = not torch.cuda.is_available() if args.vllm_enforce_eager is None else args.vllm_enforce_eager
+            engine_setup = patch_trl_colocate_llm(enforce_eager=eager)
+        else:
+            engine_setup = contextlib.nullcontext()
+        with engine_setup:
             super().__init__(model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         check_trainer(self)
         if args.use_vllm and args.vllm_mode == "colocate" and not torch.cuda.is_available():

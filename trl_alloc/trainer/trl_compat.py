@@ -214,6 +214,27 @@ def completion_log(trainer):
 
 
 @contextlib.contextmanager
+def patch_trl_colocate_llm(**llm_kwargs):
+    """Add `llm_kwargs` (e.g. `enforce_eager`, which TRL does not pass) to the `vllm.LLM` that TRL's colocate mode
+    builds in `VLLMGeneration.__init__`; use around the trainer's construction."""
+    import trl.generation.vllm_generation as vg
+
+    if not hasattr(vg, "LLM"):
+        raise TRLCompatibilityError(f"trl {trl.__version__} has no trl.generation.vllm_generation.LLM to configure; "
+                                    f"install pip install 'trl>={TESTED_TRL},<1.17'.")
+    original = vg.LLM
+
+    def factory(*args, **kwargs):
+        return original(*args, **{**kwargs, **llm_kwargs})
+
+    vg.LLM = factory
+    try:
+        yield
+    finally:
+        vg.LLM = original
+
+
+@contextlib.contextmanager
 def patch_trl_vllm_client(**client_kwargs):
     """Make TRL's `VLLMGeneration` (GRPOTrainer's vLLM server mode) build an `AllocVLLMClient`.
 
