@@ -107,8 +107,8 @@ def build_served_model(out_dir):
 
     model, tokenizer = char_qwen2(string.digits + string.ascii_lowercase + "+-*/()=:<>.,?! \n",
                                   specials=("<pad>", "<bos>", "<eos>", "<unk>"), unk="<unk>", bos="<bos>",
-                                  num_attention_heads=1, max_position_embeddings=128, initializer_range=0.2,
-                                  padding_side=None, model_max_length=128)
+                                  num_attention_heads=1, max_position_embeddings=512, initializer_range=0.2,
+                                  padding_side=None, model_max_length=512)
     model = model.eval()
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -38,11 +38,17 @@ def test_batched_rollouts_are_one_generate_call_over_everything_pending(tiny_ran
 
 
 def check_arrival_order(engine):
-    """Short rollouts arrive before a long one; every rollout once, with all its tokens and log-probs."""
-    long = engine.submit([5, 6, 7], n=1, max_tokens=100, tag="long")
+    """Short rollouts arrive before a long one started first; every rollout once, with all its tokens and
+    log-probs."""
+    import time
+
+    long = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="long")
+    deadline = time.monotonic() + 120
+    while not engine.generated_tokens().get(long[0]) and engine.in_flight and time.monotonic() < deadline:
+        time.sleep(0.002)  # the long one runs (a warm server decodes hundreds of tokens a second)
     short = engine.submit([8, 9], n=3, max_tokens=4, tag="short")
     first = engine.next_completed(timeout=120)
-    assert first and all(r.tag == "short" for r in first)  # 4 tokens finish before 100
+    assert first and all(r.tag == "short" for r in first)  # 4 tokens finish before the long one's other 479
     seen = list(first)
     while engine.in_flight:
         seen += engine.next_completed(timeout=120)
@@ -63,10 +69,10 @@ def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(vllm_server):
     try:
         check_arrival_order(engine)
         # abort: the rollout comes back with the tokens it had, and no later
-        running = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="cut")
+        running = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="cut")
         cut = engine.abort(running)
         assert [r.rid for r in cut] == running and cut[0].finish_reason == "abort"
-        assert len(cut[0].token_ids) < 120 and engine.in_flight == 0 and engine.next_completed(timeout=1) == []
+        assert len(cut[0].token_ids) < 480 and engine.in_flight == 0 and engine.next_completed(timeout=1) == []
 
         # the detection point: a snapshot at 5 tokens while the same stream goes on to the end; one that
         # finishes before 5 tokens gives none; aborting after the snapshot keeps the tokens generated since
@@ -114,9 +120,9 @@ def check_counts_hold_while_paused(engine, url):
     from trl_alloc.serving.client import AllocVLLMClient
 
     client = AllocVLLMClient(base_url=url, connection_timeout=30.0)
-    rids = engine.submit([5, 6, 7], n=4, max_tokens=120, tag="pause")
+    rids = engine.submit([5, 6, 7], n=4, max_tokens=480, tag="pause")
     deadline = time.monotonic() + 120
-    while not any(engine.generated_tokens().values()) and engine.in_flight == 4 and time.monotonic() < deadline:
+    while min(engine.generated_tokens().values(), default=1) < 1 and time.monotonic() < deadline:  # all started
         time.sleep(0.005)
     with client.paused():
         time.sleep(0.3)  # tokens generated before the pause arrive
@@ -127,8 +133,8 @@ def check_counts_hold_while_paused(engine, url):
     while engine.in_flight:
         got += engine.next_completed(timeout=120)
     got += engine.next_completed(timeout=1)
-    assert sorted(r.rid for r in got if r.tag == "pause") == rids and all(len(r.token_ids) == 120 for r in got)
-    assert marks and set(marks) <= set(rids) and all(0 < n < 120 for n in marks.values())  # (4 and 5 when measured)
+    assert sorted(r.rid for r in got if r.tag == "pause") == rids and all(len(r.token_ids) == 480 for r in got)
+    assert marks and set(marks) <= set(rids) and all(0 < n < 480 for n in marks.values())  # (4 and 5 when measured)
     client.close()
 
 
@@ -180,11 +186,11 @@ def test_inprocess_vllm_rollouts_stream_abort_and_score_in_the_engine(tmp_path, 
     try:
         check_arrival_order(engine)
 
-        running = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="cut", detect_at=5)
+        running = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="cut", detect_at=5)
         snap = engine.next_completed(timeout=120)
         assert [(r.rid, r.finish_reason, len(r.token_ids)) for r in snap] == [(running[0], "detect", 5)]
         [cut] = engine.abort(running)
-        assert cut.finish_reason == "abort" and 5 <= len(cut.token_ids) < 120 and engine.in_flight == 0
+        assert cut.finish_reason == "abort" and 5 <= len(cut.token_ids) < 480 and engine.in_flight == 0
         assert cut.token_ids[:5] == snap[0].token_ids and engine.next_completed(timeout=1) == []
         engine.scored = 0
         check_scores_in_engine(engine, model, head)
