@@ -214,27 +214,28 @@ def completion_log(trainer):
 
 
 @contextlib.contextmanager
-def patch_trl_colocate_llm(**llm_kwargs):
-    """Add `llm_kwargs` (e.g. `enforce_eager`, which TRL does not pass) to the `vllm.LLM` that TRL's colocate mode
-    builds in `VLLMGeneration.__init__`; use around the trainer's construction."""
+def _replaced_in_vllm_generation(name, make):
+    """Replace `trl.generation.vllm_generation.<name>` by `make(original)` for the duration, then restore it."""
     import trl.generation.vllm_generation as vg
 
-    if not hasattr(vg, "LLM"):
-        raise TRLCompatibilityError(f"trl {trl.__version__} has no trl.generation.vllm_generation.LLM to configure; "
-                                    f"install pip install 'trl>={TESTED_TRL},<1.17'.")
-    original = vg.LLM
-
-    def factory(*args, **kwargs):
-        return original(*args, **{**kwargs, **llm_kwargs})
-
-    vg.LLM = factory
+    if not hasattr(vg, name):
+        raise TRLCompatibilityError(f"trl {trl.__version__} has no trl.generation.vllm_generation.{name} to "
+                                    f"replace; install pip install 'trl>={TESTED_TRL},<1.17'.")
+    original = getattr(vg, name)
+    setattr(vg, name, make(original))
     try:
         yield
     finally:
-        vg.LLM = original
+        setattr(vg, name, original)
 
 
-@contextlib.contextmanager
+def patch_trl_colocate_llm(**llm_kwargs):
+    """Add `llm_kwargs` (e.g. `enforce_eager`, which TRL does not pass) to the `vllm.LLM` that TRL's colocate mode
+    builds in `VLLMGeneration.__init__`; use around the trainer's construction."""
+    return _replaced_in_vllm_generation(
+        "LLM", lambda original: lambda *args, **kwargs: original(*args, **{**kwargs, **llm_kwargs}))
+
+
 def patch_trl_vllm_client(**client_kwargs):
     """Make TRL's `VLLMGeneration` (GRPOTrainer's vLLM server mode) build an `AllocVLLMClient`.
 
@@ -245,20 +246,7 @@ def patch_trl_vllm_client(**client_kwargs):
 
     `client_kwargs` are added to TRL's (`base_url`, `group_port`, `connection_timeout`).
     """
-    import trl.generation.vllm_generation as vg
-
     from ..serving.client import AllocVLLMClient
 
-    if not hasattr(vg, "VLLMClient"):
-        raise TRLCompatibilityError(f"trl {trl.__version__} has no trl.generation.vllm_generation.VLLMClient to "
-                                    f"replace; install pip install 'trl>={TESTED_TRL},<1.17'.")
-    original = vg.VLLMClient
-
-    def factory(*args, **kwargs):
-        return AllocVLLMClient(*args, **{**client_kwargs, **kwargs})
-
-    vg.VLLMClient = factory
-    try:
-        yield
-    finally:
-        vg.VLLMClient = original
+    return _replaced_in_vllm_generation(
+        "VLLMClient", lambda original: lambda *args, **kwargs: AllocVLLMClient(*args, **{**client_kwargs, **kwargs}))
