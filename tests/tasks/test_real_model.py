@@ -16,13 +16,9 @@ NAME = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("real_model_cache")
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(cache):
-    return models.get_model_dir(NAME, cache_dir=cache, progress=False)
+def cache(smollm2_dir):
+    """The cache folder of the session's conversion (conftest's `smollm2_dir`, made in the background)."""
+    return Path(smollm2_dir).parent
 
 
 def test_conversion_gives_a_plain_safetensors_llama_with_its_chat_template(smollm2_dir, cache):
