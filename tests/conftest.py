@@ -29,11 +29,13 @@ def _background_builds(request, tmp_path_factory):
     """{fixture: (its cache folder, the process building into it)} for the builds the selected tests need, started
     one after the other in one background process at the session's start. The fixture then calls the same build
     (`built_in_background`); a failed background build is redone in the test's process, which raises the error
-    there."""
+    there. `$TRL_ALLOC_CACHE` is the tiny model's folder for the session: nothing is written to the user's cache."""
     needed = {name for item in request.session.items for name in item.fixturenames} & set(BACKGROUND_BUILDS)
     folders = {name: tmp_path_factory.mktemp(name) for name in BACKGROUND_BUILDS}
     code = "import sys\n" + "\n".join(f"sys.argv[1] = {str(folders[name])!r}; {BACKGROUND_BUILDS[name]}"
                                         for name in BACKGROUND_BUILDS if name in needed)
+    cache = pytest.MonkeyPatch()  # code that builds the tiny model itself (gpu_check, bench) finds the same one
+    cache.setenv("TRL_ALLOC_CACHE", str(folders["tiny_dir"]))
     log = tmp_path_factory.getbasetemp() / "background_builds.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-c", code, ""], stdout=out, stderr=subprocess.STDOUT,
@@ -42,6 +44,7 @@ def _background_builds(request, tmp_path_factory):
     if proc is not None and proc.poll() is None:
         proc.kill()
         proc.wait()
+    cache.undo()
 
 
 def built_in_background(builds, name, build):

@@ -4,7 +4,7 @@ their budget exactly, and the ratios are written."""
 import json
 
 
-def test_gpu_check_smoke_on_cpu(tmp_path):
+def test_gpu_check_smoke_on_cpu(tmp_path, tiny_dir):  # (its tokenizer: the session's tiny model, $TRL_ALLOC_CACHE)
     from trl_alloc.benchmarks.gpu_check import main
 
     got = main(["--shape", "tiny", "--cpu", "--rounds", "2", "--prompts_per_round", "4", "--max_completion_length",

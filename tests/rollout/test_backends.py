@@ -8,6 +8,7 @@ import pytest
 from helpers import build_served_model
 
 from trl_alloc.rollout.backends import BatchedRollouts, VLLMServerRollouts
+from trl_alloc.serving.client import AllocVLLMClient
 
 
 def test_batched_rollouts_are_one_generate_call_over_everything_pending(tiny_random_dir):
@@ -37,16 +38,27 @@ def test_batched_rollouts_are_one_generate_call_over_everything_pending(tiny_ran
     assert all(r.finish_reason in ("stop", "length") for r in done)
 
 
-def check_arrival_order(engine):
+def check_arrival_order(engine, hold=None):
     """Short rollouts arrive before a long one started first; every rollout once, with all its tokens and
-    log-probs."""
+    log-probs. `hold` freezes the engine (a server's `/pause?mode=keep`): the long request, then the short ones,
+    wait in its queue and start together at `/resume` (the tiny served model decodes 480 tokens faster than a busy
+    2-core machine lands a request, and its API server may deliver them late and at once). Without it, the short
+    ones are submitted once the long one has started."""
     import time
 
-    long = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="long")
-    deadline = time.monotonic() + 120
-    while not engine.generated_tokens().get(long[0]) and engine.in_flight and time.monotonic() < deadline:
-        time.sleep(0.002)  # the long one runs (a warm server decodes hundreds of tokens a second)
-    short = engine.submit([8, 9], n=3, max_tokens=4, tag="short")
+    if hold is None:
+        long = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="long")
+        deadline = time.monotonic() + 120
+        while not engine.generated_tokens().get(long[0]) and engine.in_flight and time.monotonic() < deadline:
+            time.sleep(0.002)  # the long one runs
+        short = engine.submit([8, 9], n=3, max_tokens=4, tag="short")
+    else:
+        with hold():
+            long = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="long")
+            time.sleep(1.0)  # (the requests reach the frozen engine's queue, the long one first)
+            short = engine.submit([8, 9], n=3, max_tokens=4, tag="short")
+            time.sleep(1.0)
+            assert engine.generated_tokens() == dict.fromkeys(long + short, 0)  # none has started
     first = engine.next_completed(timeout=120)
     assert first and all(r.tag == "short" for r in first)  # 4 tokens finish before the long one's other 479
     seen = list(first)
@@ -65,9 +77,13 @@ def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(vllm_server):
     from trl_alloc.rollout.quality_head import QualityHead
 
     server, model = vllm_server, vllm_server.model
-    engine = VLLMServerRollouts(server.url, temperature=1.0, seed=0, extra={"ignore_eos": True})
+    engine = VLLMServerRollouts(server.url, temperature=1.0, extra={"ignore_eos": True})  # (unseeded: see `seed`)
     try:
-        check_arrival_order(engine)
+        client = AllocVLLMClient(base_url=server.url, connection_timeout=30.0)
+        try:
+            check_arrival_order(engine, hold=client.paused)
+        finally:
+            client.close()
         # abort: the rollout comes back with the tokens it had, and no later
         running = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="cut")
         cut = engine.abort(running)
@@ -111,30 +127,34 @@ def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(vllm_server):
         engine.close()
 
 
-def check_counts_hold_while_paused(engine, url):
+def check_counts_hold_while_paused(engine, url, tries=3):
     """A stream's weight push (`StreamDriver.push`): under vLLM's `/pause?mode=keep` nothing is generated, so the
     tokens counted then (`generated_tokens`) are exactly the old weights'; after `/resume` the same requests go on
-    to the end, nothing regenerated."""
+    to the end, nothing regenerated. (On a busy 2-core machine the API server may deliver a rollout's tokens late
+    and all at once, so a try may see every rollout finished before the pause: tried again, up to `tries` times.)"""
     import time
 
-    from trl_alloc.serving.client import AllocVLLMClient
-
     client = AllocVLLMClient(base_url=url, connection_timeout=30.0)
-    rids = engine.submit([5, 6, 7], n=4, max_tokens=480, tag="pause")
-    deadline = time.monotonic() + 120
-    while min(engine.generated_tokens().values(), default=1) < 1 and time.monotonic() < deadline:  # all started
-        time.sleep(0.005)
-    with client.paused():
-        time.sleep(0.3)  # tokens generated before the pause arrive
-        marks = engine.generated_tokens()  # the rollouts still in flight (a warm server may finish some first)
-        time.sleep(1.0)
-        assert engine.generated_tokens() == marks  # frozen: nothing generated while paused
-    got = []
-    while engine.in_flight:
-        got += engine.next_completed(timeout=120)
-    got += engine.next_completed(timeout=1)
-    assert sorted(r.rid for r in got if r.tag == "pause") == rids and all(len(r.token_ids) == 480 for r in got)
-    assert marks and set(marks) <= set(rids) and all(0 < n < 480 for n in marks.values())  # (4 and 5 when measured)
+    for _ in range(tries):
+        rids = engine.submit([5, 6, 7], n=4, max_tokens=480, tag="pause")
+        deadline = time.monotonic() + 120
+        while max(engine.generated_tokens().values(), default=1) < 1 and time.monotonic() < deadline:  # one runs
+            time.sleep(0.005)
+        with client.paused():
+            time.sleep(0.3)  # tokens generated before the pause arrive
+            marks = engine.generated_tokens()  # the rollouts still in flight, frozen mid-way or not started
+            time.sleep(1.0)
+            assert engine.generated_tokens() == marks  # frozen: nothing generated while paused
+        got = []
+        while engine.in_flight:
+            got += engine.next_completed(timeout=120)
+        got += engine.next_completed(timeout=1)
+        assert sorted(r.rid for r in got) == rids and all(len(r.token_ids) == 480 for r in got)  # each once, whole
+        assert set(marks) <= set(rids) and all(n < 480 for n in marks.values())
+        if any(0 < n < 480 for n in marks.values()):
+            break  # (4 and 5 tokens when first measured)
+    else:
+        pytest.fail(f"no rollout was running at the pause in {tries} tries (the server delivered each one whole)")
     client.close()
 
 
@@ -197,3 +217,81 @@ def test_inprocess_vllm_rollouts_stream_abort_and_score_in_the_engine(tmp_path, 
     finally:
         engine.close()
         engine.shutdown()
+
+
+class ResettingProxy:
+    """A TCP relay to the live server that resets the first `resets` connections once it has read their request
+    (what a kept-alive connection closed by the server as a request goes out looks like to the client)."""
+
+    def __init__(self, url, resets):
+        import socket
+        import threading
+        from urllib.parse import urlparse
+
+        target = urlparse(url)
+        self.target, self.resets = (target.hostname, target.port), resets
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        import socket
+        import struct
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            if self.resets:
+                self.resets -= 1
+                conn.recv(65536)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()  # RST
+                continue
+            upstream = socket.create_connection(self.target)
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.listener.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_a_reset_connection_is_sent_again_once(vllm_server):
+    """A rollout whose connection is reset before any response is sent once more and completes; reset twice, it
+    ends with the connection error (never retried forever)."""
+    import requests
+
+    model = requests.get(vllm_server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    for resets, completes in ((1, True), (2, False)):
+        proxy = ResettingProxy(vllm_server.url, resets)
+        engine = VLLMServerRollouts(proxy.url, model=model, temperature=1.0, extra={"ignore_eos": True})
+        try:
+            rids = engine.submit([5, 6, 7], n=1, max_tokens=8, tag="t")
+            [got] = engine.next_completed(timeout=120)
+            assert got.rid == rids[0] and engine.resent == 1 and engine.in_flight == 0
+            if completes:
+                assert got.finish_reason == "length" and len(got.token_ids) == 8 == len(got.logprobs)
+            else:
+                assert got.finish_reason.startswith("error: ConnectionError") and "Connection aborted" in \
+                    got.finish_reason and got.token_ids == []
+        finally:
+            engine.close()
+            proxy.close()

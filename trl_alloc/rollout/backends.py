@@ -275,7 +275,9 @@ class VLLMServerRollouts(StreamedRollouts):
     """Rollouts as concurrent streamed requests to a vLLM OpenAI-compatible server (trl-alloc-serve), one
     `/v1/completions` request (n = 1) per rollout; abort closes its stream, which makes vLLM abort it. With
     `seed`, rollout i is sampled with seed + i; without, the server's generator decides (vLLM on CPU fails on
-    seeded requests whose prompt is prefilled in chunks: "CPU Generator does not use offset")."""
+    seeded requests whose prompt is prefilled in chunks: "CPU Generator does not use offset"; and a seeded request's
+    first token came ~3 s late there, measured). A kept-alive connection reset before any response is retried
+    once (`resent`)."""
 
     def __init__(self, base_url: str, model: str | None = None, temperature: float = 1.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int | None = None, max_inflight: int = 64, request_timeout: float = 600.0,
@@ -295,7 +297,7 @@ class VLLMServerRollouts(StreamedRollouts):
                      "top_k": int(top_k) if top_k else -1, "n": 1, "stream": True, "return_token_ids": True,
                      "logprobs": 0, **(extra or {})}
         self.seed, self._pool = seed, ThreadPoolExecutor(max_workers=int(max_inflight))
-        self.client = None
+        self.client, self.resent = None, 0  # requests sent again after a reset connection (`_post`)
         if quality_head is not None:
             self.client = AllocVLLMClient(base_url=base_url, connection_timeout=30.0, request_timeout=request_timeout)
         super().__init__(request_timeout, quality_head)
@@ -311,7 +313,7 @@ class VLLMServerRollouts(StreamedRollouts):
         if self.seed is not None:  # (vLLM CPU 0.32 fails on a seeded request whose prefill is chunked)
             body["seed"] = int(self.seed) + r.rid
         try:
-            with self.session.post(self.url, json=body, stream=True, timeout=self.request_timeout) as resp:
+            with self._post(body, cancel) as resp:
                 resp.raise_for_status()
                 for line in resp.iter_lines():
                     if cancel.is_set():
@@ -330,6 +332,21 @@ class VLLMServerRollouts(StreamedRollouts):
             self._finish(r, exc)
             return
         self._finish(r)
+
+    def _post(self, body, cancel):
+        """The streamed request, sent once more when its connection breaks before any response: a kept-alive
+        connection the server closes (uvicorn, after 5 s idle) just as the request goes out is reset (vLLM aborts
+        a request whose connection closes, so at most one copy runs). Any other error, or a second reset, is the
+        rollout's error."""
+        import requests
+
+        try:
+            return self.session.post(self.url, json=body, stream=True, timeout=self.request_timeout)
+        except requests.ConnectionError as exc:
+            if cancel.is_set() or "Connection aborted" not in str(exc):  # (a refused connection: no server)
+                raise
+            self.resent += 1
+            return self.session.post(self.url, json=body, stream=True, timeout=self.request_timeout)
 
     def _shutdown(self):
         self._pool.shutdown(wait=True)
