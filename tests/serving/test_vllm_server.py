@@ -107,6 +107,39 @@ def test_cli_parser_defaults_to_localhost():
     assert args.host == "127.0.0.1" and args.port == 8000 and extra == ["--max-num-seqs", "8"]
 
 
+SERVE_A_SLEEP = """
+import subprocess, sys
+from trl_alloc.serving import cli, server
+group = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands in for vLLM's process group
+running = server.VLLMServer(group, "127.0.0.1", 1, "m", "-", ["sleep"])
+running.startup_seconds = 0.0
+cli.start_server = lambda *a, **k: running
+print(group.pid, flush=True)
+sys.exit(cli.main(["--model", "m"]))
+"""
+
+
+def test_serve_cli_stops_its_server_on_sigint_when_started_in_the_background():
+    """`trl-alloc-serve ... &` in a script, then `kill -INT` (the shell started it with SIGINT ignored): it stops
+    the server's whole process group and exits 0, as on SIGTERM (it used to ignore it, leaving the server
+    running)."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", SERVE_A_SLEEP], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        group = int(proc.stdout.readline())
+        assert "ready at" in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        with pytest.raises(ProcessLookupError):
+            os.killpg(group, 0)  # the whole group is gone
+    finally:
+        proc.kill()
+
+
 def test_start_server_missing_dir_fails_fast(tmp_path):
     from trl_alloc.serving import VLLMServerStartError, start_server
 

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     def _stop(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _stop)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # (SIGINT too: a shell starts `cmd &` with it ignored)
+        signal.signal(sig, _stop)
     print(f"trl-alloc-serve: ready at {server.url} after {server.startup_seconds:.1f} s "
           f"(pid {server.pid}; Ctrl-C stops it)", flush=True)
     try:
