@@ -336,17 +336,19 @@ class VLLMServerRollouts(StreamedRollouts):
     def _post(self, body, cancel):
         """The streamed request, sent once more when its connection breaks before any response: a kept-alive
         connection the server closes (uvicorn, after 5 s idle) just as the request goes out is reset (vLLM aborts
-        a request whose connection closes, so at most one copy runs). Any other error, or a second reset, is the
-        rollout's error."""
+        a request whose connection closes, so at most one copy runs). Any other error (a refused connection: no
+        server), or a second reset, is the rollout's error."""
         import requests
+        from urllib3.exceptions import ProtocolError
 
-        try:
-            return self.session.post(self.url, json=body, stream=True, timeout=self.request_timeout)
-        except requests.ConnectionError as exc:
-            if cancel.is_set() or "Connection aborted" not in str(exc):  # (a refused connection: no server)
-                raise
-            self.resent += 1
-            return self.session.post(self.url, json=body, stream=True, timeout=self.request_timeout)
+        for attempt in range(2):
+            try:
+                return self.session.post(self.url, json=body, stream=True, timeout=self.request_timeout)
+            except requests.ConnectionError as exc:
+                if attempt or cancel.is_set() or not isinstance(exc.args[0] if exc.args else None, ProtocolError):
+                    raise
+                with self._lock:
+                    self.resent += 1
 
     def _shutdown(self):
         self._pool.shutdown(wait=True)
