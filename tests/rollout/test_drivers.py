@@ -222,6 +222,19 @@ def test_plan_engine_model_reports_gpu_seconds_per_effective_group(capsys):
     assert "GPU-s/eff" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("overcommit", [1.5, 3.0])
+def test_plan_builds_sara_with_its_overcommit(overcommit):
+    """`plan.py --sara_overcommit` reaches the filler it simulates (the config's `sara_overcommit`)."""
+    import argparse
+
+    from trl_alloc.allocation.simulate import build_method
+
+    args = argparse.Namespace(prompts=600, rounds=40, budget=8000, unit_size=4, units_per_group=2, capacity=60,
+                              tau_low=0.45, history_decay=1.0, seed=0, sara_overcommit=overcommit)
+    _, filler, settings = build_method("cero+sara", args)
+    assert filler.overcommit == settings.sara_overcommit == overcommit
+
+
 def test_a_rollout_the_server_cannot_generate_fails_the_round_clearly():
     """No server at the URL: each streamed request fails, and the round stops with the engine's error."""
     import socket

@@ -498,6 +498,7 @@ def test_a_short_run_without_signal_still_says_why(tmp_path, capsys):
 @pytest.mark.parametrize("flags,match", [
     (["--rounds", "0"], "--rounds must be >= 1"), (["--unit_size", "0"], "--unit_size must be >= 1"),
     (["--step_ms", "-1"], "--step_ms must be >= 0"), (["--budget", "-5"], "--budget must be >= 1"),
+    (["--sara_overcommit", "0.5"], "--sara_overcommit must be >= 1"),
 ])
 def test_plan_refuses_impossible_settings(flags, match, capsys):
     from trl_alloc.cli.plan import main

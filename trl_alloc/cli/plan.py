@@ -81,12 +81,14 @@ def engine_table(args):
                                      args.engine_rounds, keep)
     colocate = getattr(args, "colocate", False)  # (a caller's namespace may predate --colocate)
     gpus = 1 if colocate else args.gpus_per_engine + args.train_gpus
+    overcommit = getattr(args, "sara_overcommit", 1.5)
     print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step (+ "
           f"{getattr(args, 'step_ms_per_seq', 0.0):g} ms per "
           f"running sequence), lengths median "
           f"{args.length_median:g} (σ {args.length_sigma:g}) cut at {args.max_tokens}, window {args.window}, "
           f"first {args.engine_rounds} rounds; training {args.train_ms_per_token:g} ms per trained token on each of "
-          f"{args.train_gpus} GPUs, weight push {args.sync_s:g} s; GPU-s = wall × {gpus} GPUs"
+          f"{args.train_gpus} GPUs, weight push {args.sync_s:g} s; SARA's overcommit {overcommit:g}; "
+          f"GPU-s = wall × {gpus} GPUs"
           f"{' (colocate: one GPU generates and trains in turn)' if colocate else ''}; pruning: random at "
           f"κ = {args.prune_keep:g} at {args.detect_length} tokens")
     cols = ("s/round", "train s/round", "GPU-s/eff", "responses/eff", "tokens/eff", "aborted", "carried", "stale",
@@ -127,6 +129,8 @@ def check_args(parser, args):
                 method_class(stage, name)
             except ValueError as err:
                 parser.error(f"--methods {method!r}: {err}")
+    if not args.sara_overcommit >= 1:
+        parser.error(f"--sara_overcommit must be >= 1, got {args.sara_overcommit}.")
     if not 0 < args.prune_keep <= 1:
         parser.error(f"--prune_keep must lie in (0, 1], got {args.prune_keep}.")
 
@@ -149,6 +153,9 @@ def main(argv=None):
                         help="methods run on the engine model ('' skips it)")
     parser.add_argument("--engine_prune", default="uniform,cero+sara",
                         help="methods also run as events with pruning in the stream (random at --prune_keep)")
+    parser.add_argument("--sara_overcommit", type=float, default=1.5,
+                        help="SARA as events or a stream: admit prompts into the free window while committed + "
+                        "expected groups < this × target (the config's `sara_overcommit`; docs/choosing-settings.md)")
     parser.add_argument("--prune_keep", type=float, default=0.5, help="κ: share of the eligible rollouts kept")
     parser.add_argument("--detect_length", type=int, default=512, help="the detection point (tokens)")
     parser.add_argument("--engine_rounds", type=int, default=30)

@@ -137,8 +137,9 @@ class AllocGRPOConfig(GRPOConfig):
         "trl-alloc-serve's CPU server (compiling costs ~30 s at each engine start on a 2-core CPU), vLLM's default "
         "(compiled, CUDA graphs) on a GPU, as TRL."})
     sara_overcommit: float = field(default=1.5, metadata={
-        "help": "Events mode, SARA: admit prompts while committed + expected groups (sum of p_eff) < this × "
-        "target_groups. Higher fills the engine sooner and aborts more surplus (spent budget)."})
+        "help": "SARA in events and stream mode: admit prompts into the free window while committed + expected "
+        "groups (sum of p_eff) < this × target_groups. Higher fills the engine sooner and aborts (events) or carries "
+        "(stream) more; 3 suits a stream whose round budget exceeds the window (docs/choosing-settings.md)."})
 
     # ARROL (arXiv 2603.24840; docs/arrol.md)
     detect_length: int = field(default=512, metadata={
