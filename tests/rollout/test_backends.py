@@ -3,6 +3,7 @@ finished or aborted with the tokens it had; the batched backend is exactly one b
 vLLM server backend delivers rollouts as they finish and aborts running ones."""
 
 import importlib.util
+import time
 
 import pytest
 from helpers import build_served_model
@@ -36,6 +37,37 @@ def test_batched_rollouts_are_one_generate_call_over_everything_pending(tiny_ran
     for rid, expected, cap in zip(first + second, ids, (3, 3, 6)):
         assert by_rid[rid].token_ids == expected[0][:cap] and len(by_rid[rid].token_ids) <= cap
     assert all(r.finish_reason in ("stop", "length") for r in done)
+
+
+def test_a_finished_rollout_is_never_neither_in_flight_nor_delivered():
+    """`StreamedRollouts._finish` moves a rollout from in flight to the delivery queue in one step. It used to take
+    it off in flight first: a poll in between saw nothing in flight and nothing delivered, `next_completed`
+    returned [] at once, and the round driver raised its "no rollout ended" TimeoutError (a live-server test
+    lost two of four rollouts that way). A slow queue `put` holds that moment open here."""
+    import queue
+    import threading
+
+    from trl_alloc.rollout.backends import StreamedRollouts
+
+    class SlowQueue(queue.Queue):
+        def put(self, item, *args, **kwargs):
+            time.sleep(0.05)
+            super().put(item, *args, **kwargs)
+
+    class ThreadRollouts(StreamedRollouts):  # each rollout generates 3 tokens in its own thread, then ends
+        def _start(self, r, cancel):
+            def run():
+                self._extend(r, [1, 2, 3], [0.0] * 3, "stop")
+                self._finish(r)
+            threading.Thread(target=run, daemon=True).start()
+
+    engine = ThreadRollouts(request_timeout=30)
+    engine._done = SlowQueue()
+    for _ in range(5):
+        rids = engine.submit([5, 6], n=1, max_tokens=3)
+        while engine.in_flight:
+            time.sleep(0.001)
+        assert [r.rid for r in engine.next_completed(timeout=1)] == rids
 
 
 def check_arrival_order(engine, hold=None):

@@ -192,9 +192,9 @@ class StreamedRollouts:
     def _finish(self, r, error=None):
         if error is not None:
             r.finish_reason = r.finish_reason or f"error: {type(error).__name__}: {error}"
-        with self._lock:
+        with self._lock:  # both at once: `in_flight` 0 with the queue still empty made `next_completed` return []
             self._live.pop(r.rid, None)
-        self._done.put(r)
+            self._done.put(r)
 
     def next_completed(self, timeout: float | None = None) -> list[Rollout]:
         """The rollouts that have finished since the last call; blocks until one has (or none is in flight)."""
