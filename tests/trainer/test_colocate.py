@@ -13,6 +13,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from helpers import assert_engine_may_use_its_kernels
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None,
@@ -144,6 +145,10 @@ def test_colocate_rollouts_on_trls_engine(child):
             and got["ended"] == {str(r): 1 for r in got["scored_rids"]})
     for s in snaps:
         assert s["tokens"] == 4 and s["hidden"] == 64 and s["score"] == pytest.approx(s["mine"], abs=0.05)
+    # the engine runs bf16, the dtype whose attention kernel is AMX's on a CPU with AMX (isa_with_amx), and this
+    # process holds AMX permission wherever the CPU has it (else that kernel dies with SIGILL)
+    assert got["cpu"]["dtype"] == "bfloat16" and got["cpu"]["isa_with_amx"] == "amx"
+    assert_engine_may_use_its_kernels(got["cpu"])
 
 
 def test_colocate_deterministic_pushes_arrive(child):
@@ -151,6 +156,7 @@ def test_colocate_deterministic_pushes_arrive(child):
     _, got = child
     assert got["global_step"] == 3 and got["pushes"] == [True] * 3  # before each round, as TRL pushes
     assert got["enforce_eager"] is True  # vllm_enforce_eager=None: eager on CPU (no ~30 s compile per start)
+    assert_engine_may_use_its_kernels(got["cpu"])  # (the trainer builds the engine: AMX asked for there too)
     assert got["counters"]["responses"] == 24 - got["remaining"]
 
 

@@ -54,10 +54,12 @@ class VLLMInProcessRollouts(StreamedRollouts):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from ..serving.cpu_features import enable_amx
         from ..serving.protocol import EXTENSION_CLS
         from ..serving.server import cuda_available
 
         on_cpu = not cuda_available()
+        enable_amx()  # (the engine core may run here; a process of its own asks again through the vLLM plugin)
         args = AsyncEngineArgs(
             model=str(model), dtype=dtype if on_cpu else "auto", max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization or (0.1 if on_cpu else 0.9),

@@ -114,6 +114,16 @@ class AllocWorkerExtension:
                     torch.allclose(got[..., :n].float().cpu(), want[..., :n].float().cpu(), atol=tol, rtol=tol))
         return info
 
+    def cpu_features(self) -> dict:
+        """What this worker's process runs on: AMX permission (`serving.cpu_features`), the attention kernels vLLM
+        chose (`"amx"`, `"vec"`, ...; none on CUDA) and the engine's dtype."""
+        from .cpu_features import amx_state, xtiledata_permitted
+
+        model = self.model_runner.get_model()
+        return {"amx": amx_state(), "xtiledata_permitted": xtiledata_permitted(),
+                "attention_isa": sorted({m.isa for m in model.modules() if isinstance(getattr(m, "isa", None), str)}),
+                "dtype": str(self.model_runner.model_config.dtype).removeprefix("torch.")}
+
     # ------------------------------------------------------------------ ARROL's head in the engine
     def load_quality_head(self, payload: str, detect_length: int) -> dict:
         """Install the head (base64 safetensors of `QualityHead.state_dict()`) and the detection length;

@@ -8,6 +8,7 @@ public API: `check_trainer` names what is missing when a TRL release moves them.
 """
 
 import contextlib
+import functools
 import warnings
 
 import trl
@@ -231,9 +232,15 @@ def _replaced_in_vllm_generation(name, make):
 
 def patch_trl_colocate_llm(**llm_kwargs):
     """Add `llm_kwargs` (e.g. `enforce_eager`, which TRL does not pass) to the `vllm.LLM` that TRL's colocate mode
-    builds in `VLLMGeneration.__init__`; use around the trainer's construction."""
-    return _replaced_in_vllm_generation(
-        "LLM", lambda original: lambda *args, **kwargs: original(*args, **{**kwargs, **llm_kwargs}))
+    builds in `VLLMGeneration.__init__`, and ask for AMX permission first (`serving.cpu_features`: the engine runs
+    in this process); use around the trainer's construction."""
+    from ..serving.cpu_features import enable_amx
+
+    def build(original, *args, **kwargs):
+        enable_amx()
+        return original(*args, **{**kwargs, **llm_kwargs})
+
+    return _replaced_in_vllm_generation("LLM", lambda original: functools.partial(build, original))
 
 
 def patch_trl_vllm_client(**client_kwargs):
