@@ -3,7 +3,13 @@
 The trainer classes import torch and TRL lazily, so `import trl_alloc.allocation` stays framework-free.
 """
 
+import warnings
+
 __version__ = "0.1.0"
+
+# TRL 1.16 warns that vLLM 0.32 is outside its range, once per import site (five per process, in every process);
+# trl-alloc runs and tests that pair and says so once itself (trainer/trl_compat.py: vllm_version_notice).
+warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions", category=UserWarning)
 
 _LAZY = {"AllocGRPOConfig": "trainer.config", "AllocDAPOConfig": "trainer.config",
          "AllocGRPOTrainer": "trainer.grpo", "AllocDAPOTrainer": "trainer.grpo"}

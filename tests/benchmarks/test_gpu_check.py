@@ -15,3 +15,8 @@ def test_gpu_check_smoke_on_cpu(tmp_path, tiny_dir):  # (its tokenizer: the sess
     assert got["stock"]["responses"] == 64  # stock: every admitted group whole
     saved = json.load(open(tmp_path / "gpu_check.json"))
     assert saved["ratios"]["s_per_step"] > 0 and set(saved["results"]) == {"stock", "cero_sara"}
+    from importlib.util import find_spec
+
+    from trl_alloc.trainer.trl_compat import TESTED_VLLM
+    vllm = saved["versions"]["vllm"]  # the vLLM found is recorded: the tested one (setup.py pins it), or none
+    assert (vllm is None) if find_spec("vllm") is None else vllm.startswith(TESTED_VLLM + ".")

@@ -332,6 +332,58 @@ def test_a_refused_run_under_accelerate_quiet_ends_with_our_message(tmp_path):
     assert "CalledProcessError" not in proc.stderr
 
 
+def accelerate_launch(*args, timeout=300):
+    """A plain `accelerate launch` (one process: its simple launcher, which quotes the script's stderr tail)."""
+    return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                           str(ROOT / "configs" / "accelerate" / "single.yaml"), *map(str, args)],
+                          cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def quoted(proc):
+    """The text accelerate's `CalledProcessError` is raised from: `RuntimeError(<the script's stderr tail>)`."""
+    assert "subprocess.CalledProcessError" in proc.stderr, proc.stderr[-3000:]
+    block = proc.stderr.split("RuntimeError: ", 1)[1]
+    return block.split("\n\nThe above exception was the direct cause", 1)[0].strip()
+
+
+@pytest.mark.parametrize("case", ["refused", "nothing_trained"])
+def test_plain_accelerate_launch_quotes_our_message(tmp_path, case):
+    """Under plain `accelerate launch`, the `RuntimeError:` accelerate quotes is our message alone (library warnings,
+    progress bars and our traceback went to stdout), and it is also the last line on stdout."""
+    common = ["--model_name_or_path", "tiny", "--dataset_name", "builtin:arithmetic", "--num_builtin_prompts", "64",
+              "--output_dir", tmp_path / "o", "--per_device_train_batch_size", "16", "--num_generations", "8",
+              "--use_cpu", "--report_to", "none"]
+    if case == "refused":
+        proc = accelerate_launch(ROOT / "scripts" / "train.py", *common, "--round_capacity", "8", "--rollout_budget",
+                                 "4096")
+        message = "[trl-alloc] the run was refused: ValueError: `rollout_budget` (4096 responses) exceeds"
+    else:  # no response can reach a success threshold of 2: no mixed group, nothing trained (exit 2)
+        proc = accelerate_launch(ROOT / "scripts" / "train.py", *common, "--num_rounds", "1", "--rollout_budget", "16",
+                                 "--max_completion_length", "8", "--success_threshold", "2", "--eval_samples", "0",
+                                 timeout=600)
+        message = "[trl-alloc] nothing was trained: no round had a group with a non-zero advantage"
+    assert proc.returncode == 1  # accelerate's, for any failure (trl-alloc-launch keeps train.py's)
+    said = quoted(proc)
+    assert said.startswith(message) and "\n" not in said, said[:3000]
+    assert proc.stdout.strip().splitlines()[-1] == said
+    if case == "refused":
+        assert "Traceback" in proc.stdout and "check_budget" in proc.stdout  # the traceback is still shown
+
+
+def test_a_native_crash_under_accelerate_quotes_pythons_stack(tmp_path):
+    """A process that dies of a signal (here SIGILL, what an AMX kernel without permission raised) used to leave
+    nothing Python could say; accelerate now quotes the faulthandler's stack, which names the signal."""
+    script = tmp_path / "crash.py"
+    script.write_text("import os, signal\nfrom trl_alloc.cli.launch import keep_stderr_for_the_last_message\n"
+                      "keep_stderr_for_the_last_message()\nprint('noise', file=__import__('sys').stderr)\n"
+                      "os.kill(os.getpid(), signal.SIGILL)\n")
+    proc = accelerate_launch(script)
+    said = quoted(proc)
+    assert said.startswith("Fatal Python error: Illegal instruction") and "crash.py" in said, said
+    assert "noise" in proc.stdout and "noise" not in said
+
+
 def test_trl_alloc_launch_on_two_processes_ends_with_our_message_and_status(tmp_path):
     """`trl-alloc-launch` (accelerate launch of train.py): on two processes torchrun's failure report comes first, the
     main process's refusal is the last line, and the status is train.py's 3, not accelerate's 1."""

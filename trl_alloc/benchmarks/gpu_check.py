@@ -115,8 +115,14 @@ def main(argv=None):
           f"{args.num_generations} (<= {args.max_completion_length} tokens): CERO+SARA / stock s/step "
           f"{ratios['s_per_step']:.2f}, s per effective group {ratios['s_per_effective_group']:.2f}, peak memory "
           f"{ratios['peak_memory']:.2f}")
+    import transformers
+    import trl
+
+    from ..trainer.trl_compat import installed_vllm_version
+    versions = {"torch": torch.__version__, "trl": trl.__version__, "transformers": transformers.__version__,
+                "vllm": installed_vllm_version()}
     with open(os.path.join(args.output_dir, "gpu_check.json"), "w") as f:
-        json.dump({"args": vars(args), "results": results, "ratios": ratios}, f, indent=1)
+        json.dump({"args": vars(args), "versions": versions, "results": results, "ratios": ratios}, f, indent=1)
     return results
 
 

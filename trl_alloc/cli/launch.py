@@ -12,19 +12,58 @@ refused.
 Options before `--` are `accelerate launch`'s; those after it are train.py's (without `--`, all are train.py's).
 """
 
+import faulthandler
+import io
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
+from typing import TextIO
 
 OUTCOME_ENV = "TRL_ALLOC_OUTCOME_FILE"  # where the main process of train.py writes its outcome (cli/train.py)
+_quoted: list[TextIO] = []  # the stderr pipe `accelerate launch` quotes, kept for train.py's last message
 
 
-def write_outcome(status, message):
-    """train.py's side (main process): record the run's exit status and last message for `trl-alloc-launch`."""
+def under_accelerates_pipe() -> bool:
+    """One process under `accelerate launch`: its simple launcher pipes train.py's stderr and, on failure, raises
+    `CalledProcessError` from `RuntimeError(<the stderr tail>)`. (Several processes run under torchrun, which
+    quotes nothing.)"""
+    return ("ACCELERATE_USE_CPU" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ
+            and stat.S_ISFIFO(os.fstat(2).st_mode))
+
+
+def keep_stderr_for_the_last_message() -> None:
+    """Under accelerate's pipe (`under_accelerates_pipe`), make the stderr tail it quotes ours: everything else
+    written to stderr (library warnings, progress bars, tracebacks) goes to stdout from here on, and the pipe keeps
+    only `finish`'s message and, for a native crash (SIGILL, SIGSEGV), Python's stack (`faulthandler`)."""
+    if _quoted or not under_accelerates_pipe():
+        return
+    sys.stderr.flush()
+    _quoted.append(os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace"))
+    os.dup2(1, 2)
+    faulthandler.enable(file=_quoted[0])
+
+
+def _same_file(a: TextIO, b: TextIO) -> bool:
+    try:
+        return os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # (a captured stream has no file)
+        return False
+
+
+def finish(message: str, status: int | None = None) -> None:
+    """train.py's last message (main process): the last line on stdout and on stderr (the tail `accelerate launch`
+    quotes), and, with an exit status, the outcome `trl-alloc-launch` repeats."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    print(f"\n{message}", flush=True)
+    stderr = _quoted[0] if _quoted else sys.stderr
+    if _quoted or not _same_file(sys.stdout, stderr):  # (both on one terminal: said once)
+        print(message if _quoted else f"\n{message}", file=stderr, flush=True)  # (quoted: "RuntimeError: <it>")
     path = os.environ.get(OUTCOME_ENV)
-    if path and os.environ.get("RANK", "0") == "0":
+    if path and status is not None:
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"status": int(status), "message": message}, f)
 

