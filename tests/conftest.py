@@ -143,7 +143,13 @@ def two_process_runs(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests that use the session's vLLM server first, the one marked `stops_shared_server` last of them."""
+    """The tests that use the session's vLLM server first, the one marked `stops_shared_server` last of them. A test
+    of the two-process runs may be the one that launches them (up to `launch_two_processes`' 900 s): its timeout is
+    above that (pytest.ini's default is 300 s)."""
+    for item in items:
+        if "two_process_runs" in item.fixturenames and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(960))
+
     def order(item):
         if "_session_server" not in item.fixturenames:
             return 2

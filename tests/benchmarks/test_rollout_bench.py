@@ -39,6 +39,7 @@ def test_bench_rollout_runs_and_compares_the_two_scoring_paths(tmp_path, capsys,
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+@pytest.mark.timeout(960)
 def test_bench_rollout_on_the_colocate_engine(tmp_path):
     """`--backend colocate`: the same methods on the vllm.LLM TRL's colocate mode builds, in the bench's process
     (run as a script: the engine holds process-wide state); ARROL scores in that engine too."""

@@ -46,6 +46,7 @@ def test_missing_package_names_the_install_command(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)
 def test_two_round_cero_sara_run_on_the_chat_task(smollm2_dir, cache, tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TRL_ALLOC_CACHE": str(cache)}

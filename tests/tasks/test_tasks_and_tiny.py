@@ -260,6 +260,7 @@ def estimate_share(samples_jsonl):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)
 def test_readme_main_command_improves_held_out_accuracy(tiny_dir, tmp_path):
     """The README's main command (CERO + SARA on the tiny model, the shipped recipe) teaches the model
     to answer exactly instead of with a rough estimate, on held-out prompts too.
@@ -286,6 +287,7 @@ def test_readme_main_command_improves_held_out_accuracy(tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)
 def test_bench_quick_writes_table_json_and_plots(tiny_dir, tmp_path):
     """scripts/bench.py at a few rounds: every method spends the same budget, random-matched
     replays CERO's per-round sizes, and the table, JSON and plots are written."""

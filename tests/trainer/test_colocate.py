@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from helpers import assert_engine_may_use_its_kernels
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(960),  # (a test may wait for its scenario: up to 900 s)
               pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None,
                                  reason="vLLM is not installed")]
 

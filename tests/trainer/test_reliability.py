@@ -348,6 +348,7 @@ def quoted(proc):
 
 
 @pytest.mark.parametrize("case", ["refused", "nothing_trained"])
+@pytest.mark.timeout(660)
 def test_plain_accelerate_launch_quotes_our_message(tmp_path, case):
     """Under plain `accelerate launch`, the `RuntimeError:` accelerate quotes is our message alone (library warnings,
     progress bars and our traceback went to stdout), and it is also the last line on stdout."""
@@ -384,6 +385,7 @@ def test_a_native_crash_under_accelerate_quotes_pythons_stack(tmp_path):
     assert "noise" in proc.stdout and "noise" not in said
 
 
+@pytest.mark.timeout(660)
 def test_trl_alloc_launch_on_two_processes_ends_with_our_message_and_status(tmp_path):
     """`trl-alloc-launch` (accelerate launch of train.py): on two processes torchrun's failure report comes first, the
     main process's refusal is the last line, and the status is train.py's 3, not accelerate's 1."""

@@ -130,6 +130,7 @@ def test_chat_prompts_are_evaluated_with_the_trainers_token_ids(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(660)
 def test_train_script_on_a_chat_jsonl_with_a_disjoint_held_out_split(tmp_path):
     chat_model_dir(tmp_path / "model")
     rows = [{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "answer": str(a + b)}
