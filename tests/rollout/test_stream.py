@@ -45,7 +45,7 @@ def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.
 
     engine = engine_cls(outcome, max_num_seqs=window, step_s=0.05, seed=seed)
     driver = StreamDriver(engine, lambda pid: [], 256, max_inflight=window, max_staleness=max_staleness)
-    log, trained_rids, observed = [], collections.Counter(), []
+    log, trained_rids, observed, events = [], collections.Counter(), [], []
     carry = {}
     for t in range(rounds):
         if pacer.finished:
@@ -58,6 +58,7 @@ def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.
                      "success": math.nan if r.finish_reason == "abort" else r.info["success"]} for r in batch]
             driver.observe(rows)
             observed.extend(rows)
+        events += driver.take_events()  # (the driver keeps only the current round's)
         s, f, started = rnd.outcomes(pacer.num_prompts)
         pacer.update(s, f, started, prepaid=rnd.prepaid_counts(pacer.num_prompts))
         # the budget is exact at every boundary: what was started, in flight included, is spent
@@ -78,6 +79,7 @@ def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.
             engine.pause_for(0.5)
             driver.push()
     dropped = driver.finish()
+    driver.run_events = events + driver.take_events()
     return driver, log, trained_rids, observed, dropped, pacer, budget0
 
 
@@ -88,8 +90,8 @@ def test_stream_accounting_is_exact_across_rounds(pacing, filling, engine_cls):
     driver, log, trained, observed, dropped, pacer, budget0 = run_stream(pacing, filling, max_staleness=2,
                                                                          engine_cls=engine_cls)
     # every started rollout ends exactly once, across rounds (the stream's end included)
-    ends = collections.Counter(rid for kind, _, rid in driver.events if kind != "submit")
-    submits = [rid for kind, _, rid in driver.events if kind == "submit"]
+    ends = collections.Counter(rid for kind, _, rid in driver.run_events if kind != "submit")
+    submits = [rid for kind, _, rid in driver.run_events if kind == "submit"]
     assert len(submits) == len(set(submits)) == driver.spent == driver.ended_count
     assert set(ends) == set(submits) and max(ends.values()) == 1
     assert budget0 - pacer.remaining_responses == driver.spent and not driver.live
@@ -224,3 +226,42 @@ def test_token_versions_across_many_pushes():
         assert per_token == sorted(per_token, reverse=True) and 0 <= per_token[-1] and per_token[0] <= 2
         straddling += len(set(per_token)) > 1
     assert straddling > 0
+
+
+def held_by(driver):
+    """How many items the stream driver's containers hold (rollouts, ids, events, rows)."""
+    return (len(driver.events) + len(driver.ended) + len(driver.pruned) + len(driver._cohort_of)
+            + sum(map(len, driver._unresolved.values())) + sum(map(len, driver._snapshots.values()))
+            + len(driver.started_at) + len(driver.marks) + len(driver.group_version) + len(driver._orphans)
+            + sum(map(len, driver.held.values())) + len(driver.live) + len(driver.replay) + len(driver._held))
+
+
+def test_a_stream_holds_no_history():
+    """2,000 stream rounds with carried groups and in-stream pruning at a detection point: what the driver
+    holds stays what one round and the rollouts in flight need (it used to keep every ended rollout, every pruned
+    id and every detection cohort: 3.7x more after 40 rounds than after 10), while the run's totals stay exact."""
+    k, prompts, rounds = 4, 200, 2000
+    pacer = make_pacer("uniform", prompts, prompts_per_round=2, group_size=k, budget_responses=10 ** 6, seed=0)
+    filler = make_filler("full", group_size=k)
+    p = np.random.default_rng(0).uniform(0.05, 0.95, prompts)
+    engine = SimulatedRollouts(lambda pid, rng: (rng.lognormal(np.log(20), 0.7), rng.random() < p[pid]),
+                               max_num_seqs=8, step_s=0.05, seed=0)
+    driver = StreamDriver(engine, lambda pid: [], 64, max_inflight=8, max_staleness=2, detect_at=8,
+                          on_detect=lambda snaps: [r.rid for r in snaps if r.rid % 3 == 0])
+    held, budget0 = [], pacer.remaining_responses
+    for _ in range(rounds):
+        rnd = filler.start_event_round(**round_arguments(pacer, filler, pacer.propose(), carry=driver.carry))
+        driver.start(rnd)
+        while (batch := driver.poll()) is not None:
+            driver.observe([{"pid": r.tag, "completion_ids": r.token_ids,
+                             "success": math.nan if r.finish_reason == "abort" else r.info["success"]}
+                            for r in batch])
+        s, f, started = rnd.outcomes(pacer.num_prompts)
+        pacer.update(s, f, started, prepaid=rnd.prepaid_counts(pacer.num_prompts))
+        held.append(held_by(driver))
+        engine.run_for(1.0)
+        driver.push()
+    assert budget0 - pacer.remaining_responses == driver.spent == driver.ended_count + len(driver.live)
+    assert driver.pruned_count > rounds and driver.carried_total > 0 and driver.spent > 5 * rounds
+    early, late = max(held[:200]), max(held[-1000:])
+    assert late <= 1.5 * early, (early, late)  # flat: bounded by a round and the window, not by the rounds run

@@ -172,7 +172,7 @@ def run_rounds(method, config, backend, prompt_ids_of, score, rounds, num_prompt
             monitor.active = False
             stats = summary["stats"]
             per_round.append({"s": time.perf_counter() - t0, "responses": driver.spent, "tokens": driver.tokens,
-                              "aborted": driver.aborted, "pruned": len(driver.pruned),
+                              "aborted": driver.aborted, "pruned": driver.pruned_count,
                               "effective_groups": stats["effective_groups"], "groups": stats["groups"],
                               "submissions": stats["generation_calls"], "scored": rollouts.scored,
                               "scoring_s": rollouts.scoring_s + rollouts.hook_s, **summary.get("pruning", {})})
@@ -216,7 +216,7 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
             driver.start(allocator.current_round)
             for i in range(rounds):
                 t0, spent0, tokens0, aborted0 = time.perf_counter(), driver.spent, driver.tokens, driver.aborted
-                pruned0 = len(driver.pruned)
+                pruned0 = driver.pruned_count
                 driver.run(score)
                 summary = allocator.finish_round()
                 staleness.extend(row["staleness"] for row in driver.trained)
@@ -234,7 +234,7 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
                     driver.start(allocator.current_round)
                 per_round.append({"s": time.perf_counter() - t0, "responses": stats["responses"],
                                   "tokens": driver.tokens - tokens0, "aborted": driver.aborted - aborted0,
-                                  "pruned": len(driver.pruned) - pruned0,
+                                  "pruned": driver.pruned_count - pruned0,
                                   "effective_groups": stats["effective_groups"],
                                   "groups": stats["groups"],
                                   "submissions": stats["generation_calls"], "carried": driver.carried,

@@ -47,6 +47,7 @@ class RoundDriver:
         self.allocator, self.rollouts, self.prompt_ids_of = allocator, rollouts, prompt_ids_of
         # in-stream pruning: `on_detect(snapshots)` -> rollout ids to prune, for rollouts at `detect_at` tokens
         self.detect_at, self.on_detect, self.pruned = detect_at, on_detect, set()
+        self.pruned_count = 0  # rollouts pruned at the detection point (a stream keeps only current ids in `pruned`)
         self.max_tokens, self.timeout = int(max_tokens), timeout
         self.window = None if max_inflight is None else int(max_inflight)
         self.live, self.events, self.ended = {}, [], []  # live: rollout id -> prompt id
@@ -55,6 +56,11 @@ class RoundDriver:
         self._batch, self._held = [], []
         self._cohorts, self._cohort_of = itertools.count(), {}  # rid -> cohort id
         self._unresolved, self._snapshots = {}, {}  # cohort -> rids yet to reach the point or end; its snapshots
+
+    def take_events(self) -> list[tuple[str, int, int]]:
+        """The events recorded since the last call (for the round log), leaving none behind."""
+        events, self.events = self.events, []
+        return events
 
     def _done(self):
         a = self.allocator
@@ -114,6 +120,7 @@ class RoundDriver:
             for r in self.rollouts.abort(doomed) if doomed else ():  # all at once: the sooner, the fewer tokens
                 if r.finish_reason == "abort":  # (one that ended before the abort took effect is kept, complete)
                     self.pruned.add(r.rid)
+                    self.pruned_count += 1
                     self.events.append(("prune", r.tag, r.rid))
                 self._held.append(r)
             if not batch:
@@ -205,6 +212,11 @@ class StreamDriver(RoundDriver):
     dropped (`expired`), its rollouts in flight are aborted (`stale_aborted`). So no trained token is more
     than `max_staleness` versions older than the policy that trains it. Every started rollout ends exactly
     once: `spent` = ended + in flight, always.
+
+    Memory: the driver holds what is in flight and the current round, never the run's history. `start` clears
+    `events` and `ended` (the caller takes a round's from them before opening the next), and a close forgets the
+    ids of rollouts that are gone (`pruned`, the detection cohorts); the run's totals are counters (`spent`,
+    `tokens`, `aborted`, `pruned_count`, `ended_count`, `carried_total`, `stale_aborted`).
     """
 
     def __init__(self, rollouts: Any, prompt_ids_of: Callable[[int], Sequence[int]], max_tokens: int,
@@ -236,6 +248,7 @@ class StreamDriver(RoundDriver):
         """Open the next round: an event round started with `carry=driver.carry`; the rows that ended after the
         last close are replayed into it, then its first submissions start."""
         self.allocator, self.trained, self._closed = allocator, [], False
+        self.events, self.ended = [], []  # this round's (the class docstring: Memory)
         rows, self.replay = self.replay, []
         if rows:
             self._after_observe(self.allocator.observe_rollouts(rows))
@@ -339,6 +352,17 @@ class StreamDriver(RoundDriver):
         keep = set(self.live) | {row["rid"] for rows in self.held.values() for row in rows}
         self.started_at = {rid: v for rid, v in self.started_at.items() if rid in keep}
         self.marks = {rid: m for rid, m in self.marks.items() if rid in keep}
+        self._forget_gone(set(self.live) | set(self._orphans) | {r.rid for r in self._held})
+
+    def _forget_gone(self, coming):
+        """Keep the pruning ids and detection cohorts of the rollouts still to come back (`coming`) only."""
+        self.pruned &= coming
+        self._cohort_of = {rid: c for rid, c in self._cohort_of.items() if rid in coming}
+        for cohort, left in list(self._unresolved.items()):
+            left &= coming
+            if not left:  # its prompt is gone: nothing more of it is decided on
+                del self._unresolved[cohort]
+                self._snapshots.pop(cohort, None)
 
     def finish(self) -> list[Rollout]:
         """End the stream: abort what is still running (spent by the rounds that started it); returns them."""

@@ -262,7 +262,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         total.update(engine_s=engine.clock_s, busy_s=engine.busy_s, slot_s=engine.clock_s * engine.slots,
                      responses=driver.spent, tokens=driver.tokens, aborted=driver.aborted,
                      carried=driver.carried_total,
-                     stale_aborted=driver.stale_aborted, pruned=len(driver.pruned))
+                     stale_aborted=driver.stale_aborted, pruned=driver.pruned_count)
     else:
         while i < rounds and not pacer.finished:
             rnd = open_round()
@@ -275,7 +275,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
             train_s = close_round(rnd, trained)
             engine.pause_for(train_s + sync_s)  # the engine waits for the trainer and the push
             for key, value in (("engine_s", engine.clock_s), ("train_s", train_s), ("responses", driver.spent),
-                               ("tokens", driver.tokens), ("aborted", driver.aborted), ("pruned", len(driver.pruned)),
+                               ("tokens", driver.tokens), ("aborted", driver.aborted), ("pruned", driver.pruned_count),
                                ("busy_s", engine.busy_s), ("slot_s", engine.clock_s * engine.slots)):
                 total[key] += value
             i += 1

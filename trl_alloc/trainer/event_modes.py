@@ -243,7 +243,7 @@ class StreamRoundMixin:
         events = []
 
         def close():  # main process: what to train, what to hold (the round's own events stay here, not broadcast)
-            events[:], driver.events = driver.events, []
+            events[:] = driver.take_events()
             return ([(row["rid"], row["staleness"]) for row in driver.trained],
                     sorted(row["rid"] for rs in driver.held.values() for row in rs),
                     {"waited_s": driver.waited_s, "carried": driver.carried,
