@@ -212,6 +212,9 @@ def test_plan_engine_model_reports_gpu_seconds_per_effective_group(capsys):
     for r in rows.values():
         assert r["rounds"] == 4 and 0 < r["responses"] <= 8000 and r["effective_groups"] > 0
         assert r["gpu_s_per_eff"] == pytest.approx(2 * r["engine_s"] / r["effective_groups"])
+        # learning signal: at most 1/4 per effective group (p(1-p) <= 1/4), more than nothing
+        assert 0 < r["signal"] <= r["effective_groups"] / 4
+        assert r["gpu_s_per_signal"] == pytest.approx(2 * r["engine_s"] / r["signal"])
         assert 0 <= r["idle"] < 1 and r["tokens"] <= r["responses"] * 1024
     assert rows["cero+sara events"]["engine_s"] < rows["cero+sara sync"]["engine_s"]
     # pruning in the stream: the same responses as full groups, fewer tokens; no pruning elsewhere
@@ -220,6 +223,21 @@ def test_plan_engine_model_reports_gpu_seconds_per_effective_group(capsys):
     assert pruned["tokens"] < full["tokens"] and pruned["engine_s"] < full["engine_s"]
     assert all(r["pruned"] == 0 for name, r in rows.items() if "pruning" not in name)
     assert "GPU-s/eff" in capsys.readouterr().out
+
+
+def test_learning_signal_is_the_within_group_variance_of_trained_groups():
+    """Σ p(1 - p) over groups, from scored rows only: pruned, aborted and unscored (NaN) rows do not count."""
+    from trl_alloc.rollout.engine_model import learning_signal
+
+    nan = float("nan")
+    rows = ([{"pid": 0, "success": s} for s in (1, 0, 0, 0)]            # p = 1/4: 3/16
+            + [{"pid": 1, "success": s} for s in (1, 1, 0, 0)]          # p = 1/2: 1/4
+            + [{"pid": 2, "success": 1.0}] * 4                          # p = 1: nothing to learn
+            + [{"pid": 3, "success": 1.0}, {"pid": 3, "success": 0.0},  # p = 1/2 over its two scored rows
+               {"pid": 3, "success": 0.0, "pruned": True}, {"pid": 3, "success": 1.0, "aborted": True},
+               {"pid": 3, "success": nan}])
+    assert learning_signal(rows) == 3 / 16 + 1 / 4 + 0 + 1 / 4
+    assert learning_signal([]) == 0.0
 
 
 @pytest.mark.parametrize("overcommit", [1.5, 3.0])

@@ -91,15 +91,17 @@ def engine_table(args):
           f"GPU-s = wall × {gpus} GPUs"
           f"{' (colocate: one GPU generates and trains in turn)' if colocate else ''}; pruning: random at "
           f"κ = {args.prune_keep:g} at {args.detect_length} tokens")
-    cols = ("s/round", "train s/round", "GPU-s/eff", "responses/eff", "tokens/eff", "aborted", "carried", "stale",
-            "pruned", "idle")
+    cols = ("s/round", "train s/round", "GPU-s/eff", "GPU-s/signal", "responses/eff", "tokens/eff", "aborted",
+            "carried", "stale", "pruned", "idle")
     print(f"{'method':<46}" + "".join(f"{c:>14}" for c in cols))
     for name, r in rows.items():
         eff, n = max(r["effective_groups"], 1), max(r["rounds"], 1)
         r.update({"s_per_round": r["engine_s"] / n, "train_s_per_round": r["train_s"] / n,
                   "responses_per_eff": r["responses"] / eff, "tokens_per_eff": r["tokens"] / eff,
-                  "gpu_s_per_eff": r["engine_s"] * gpus / eff})
-        vals = (r["s_per_round"], r["train_s_per_round"], r["gpu_s_per_eff"], r["responses_per_eff"],
+                  "gpu_s_per_eff": r["engine_s"] * gpus / eff,
+                  "gpu_s_per_signal": r["engine_s"] * gpus / r["signal"] if r["signal"] else float("inf")})
+        vals = (r["s_per_round"], r["train_s_per_round"], r["gpu_s_per_eff"], r["gpu_s_per_signal"],
+                r["responses_per_eff"],
                 r["tokens_per_eff"], r["aborted"], r["carried"], r["stale_aborted"], r["pruned"], r["idle"])
         print(f"{name:<46}" + "".join(f"{v:>14.2f}" if isinstance(v, float) else f"{v:>14}" for v in vals))
     for name, r in rows.items():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -178,6 +179,17 @@ class SimulatedRollouts:
         self._ends.clear()
 
 
+def learning_signal(rows: Sequence[dict]) -> float:
+    """Σ over the trained groups of p(1 − p), p the group's success rate over its scored rows (neither pruned nor
+    aborted, success not NaN): the within-group reward variance of 0/1 rewards, what GRPO's advantages are made of
+    (a group with p = 0 or 1 teaches nothing; p = 1/2 the most)."""
+    by_group = collections.defaultdict(list)
+    for r in rows:
+        if not (r.get("pruned") or r.get("aborted")) and not math.isnan(float(r["success"])):
+            by_group[int(r["pid"])].append(float(r["success"]) >= 0.5)
+    return float(sum(np.mean(s) * (1.0 - np.mean(s)) for s in by_group.values()))
+
+
 def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: float | None = None) -> dict:
     """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model, with the trainer in
     the loop. `mode`: "sync" (each filler call submitted whole and decided when its last rollout ends),
@@ -191,14 +203,15 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     trainer trains in every mode, and stream rounds wait for their groups, carrying only what runs past them.
     `prune_keep` (events): pruning in the stream at `args.detect_length` tokens, each cohort's rollouts kept
     with probability κ = prune_keep (random pruning: ARROL's compute saving without its selection). Returns
-    wall seconds, responses, tokens, effective groups, aborted / carried / stale / pruned rollouts, the
-    engine's idle share and the staleness histograms of the trained rollouts (their oldest token) and tokens."""
+    wall seconds, responses, tokens, effective groups, the learning signal of the trained groups (`learning_signal`),
+    aborted / carried / stale / pruned rollouts, the engine's idle share and the staleness histograms of the trained
+    rollouts (their oldest token) and tokens."""
     pacer, filler, settings = build_method(method, args)
     pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
     train_ms, train_gpus = getattr(args, "train_ms_per_token", 0.0), max(getattr(args, "train_gpus", 1), 1)
     sync_s, colocate = getattr(args, "sync_s", 0.0), bool(getattr(args, "colocate", False))
     total = dict.fromkeys(("engine_s", "train_s", "responses", "tokens", "trained_tokens", "aborted", "carried",
-                           "stale_aborted", "pruned", "effective_groups", "busy_s", "slot_s"), 0)
+                           "stale_aborted", "pruned", "effective_groups", "signal", "busy_s", "slot_s"), 0)
     total["staleness"], total["token_staleness"] = collections.Counter(), collections.Counter()
     pruning = None if prune_keep is None else RandomPruning(keep_ratio=prune_keep, cold_start_rounds=0, seed=args.seed)
     rates = [pool.success_rate()]
@@ -224,6 +237,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         tokens = sum(len(r["completion_ids"]) for r in trained if not (r["pruned"] or r["aborted"]))
         total["trained_tokens"] += tokens
         total["effective_groups"] += rnd.stats()["effective_groups"]
+        total["signal"] += learning_signal(trained)
         total["staleness"].update(r.get("staleness", 0) for r in trained)
         total["token_staleness"].update(s for r in trained if not (r["pruned"] or r["aborted"])
                                         for s in r.get("token_staleness") or [0] * len(r["completion_ids"]))
@@ -271,7 +285,8 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
                                max_inflight=args.window or None, **detect)
             kept = {int(p) for p in rnd.groups}
             trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
-                        "aborted": r.finish_reason == "abort"} for r in driver.ended if r.tag in kept]
+                        "aborted": r.finish_reason == "abort", "success": r.info["success"]}
+                       for r in driver.ended if r.tag in kept]
             train_s = close_round(rnd, trained)
             engine.pause_for(train_s + sync_s)  # the engine waits for the trainer and the push
             for key, value in (("engine_s", engine.clock_s), ("train_s", train_s), ("responses", driver.spent),
@@ -286,4 +301,4 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     return total
 
 
-__all__ = ["SimulatedRollouts", "simulate_engine"]
+__all__ = ["SimulatedRollouts", "learning_signal", "simulate_engine"]
