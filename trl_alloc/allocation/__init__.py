@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Filler, Pacer, Round, RunContext
+from .base import Filler, Pacer, RunContext
 from .baselines import DynamicSamplingFiller, FullFiller, KnapsackPacer, UniformPacer
 from .beta import BetaState, variance_proxy
+from .event_rounds import Round
 from .cero import (CEROFixed, CEROGreedy, CEROPreset, CEROScheduler, RandomMatched, oracle_exposure,
                    supporting_exposure, utility)
 from .sara import SARAFiller, decide, effective_probability
+from .success import SUCCESS_THRESHOLD, is_success
 
 from .registry import method_class, method_names, register
 
@@ -31,4 +33,5 @@ def make_filler(name: str, **kwargs: Any) -> Filler:
 __all__ = ["Pacer", "Filler", "Round", "RunContext", "UniformPacer", "KnapsackPacer", "FullFiller",
            "DynamicSamplingFiller", "BetaState", "variance_proxy", "CEROScheduler", "CEROFixed", "CEROPreset",
            "CEROGreedy", "RandomMatched", "oracle_exposure", "supporting_exposure", "utility", "SARAFiller", "decide",
-           "effective_probability", "register", "method_names", "method_class", "make_pacer", "make_filler"]
+           "effective_probability", "is_success", "SUCCESS_THRESHOLD", "register", "method_names", "method_class",
+           "make_pacer", "make_filler"]

@@ -36,8 +36,8 @@ import numpy as np
 from .factory import build_stages, round_kwargs
 
 if TYPE_CHECKING:
-    from .base import Filler, Pacer, Round
-    from .event_rounds import BatchedEventRound
+    from .base import Filler, Pacer
+    from .event_rounds import BatchedEventRound, Round
 
 STATE_VERSION = 2
 # Fields that fix a run's plan: resuming with any of them changed would pace another run.

@@ -25,18 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .event_rounds import EventRound, SynchronousRound
+
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
-
-    from .event_rounds import EventRound, SynchronousRound
-
-SUCCESS_THRESHOLD = 0.5  # default: a response succeeds when its success score is >= 0.5
-
-
-def is_success(scores: ArrayLike, threshold: float = SUCCESS_THRESHOLD) -> np.ndarray | np.bool_:
-    """The one success rule (allocators, ARROL labels, benchmarks, evaluation): score >= threshold."""
-    return np.asarray(scores, dtype=float) >= threshold
-
 
 @dataclass(frozen=True)
 class RunContext:
@@ -164,8 +156,6 @@ class Filler(ConfiguredMethod):
     def start_round(self, stream: ArrayLike, *args: Any, **kwargs: Any) -> SynchronousRound:
         """`start_event_round`'s round (same arguments, without `carry`) over a synchronous backend: deterministic
         mode (`event_rounds.SynchronousRound`)."""
-        from .event_rounds import SynchronousRound
-
         return SynchronousRound(self.start_event_round(stream, *args, **kwargs))
 
     def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
@@ -181,46 +171,3 @@ class Filler(ConfiguredMethod):
 
     def load_state_dict(self, state: dict) -> None:
         pass
-
-
-class Round:
-    """The accounting every filler's round shares (its state machine: `event_rounds.EventRound`).
-
-    Attributes filled as the round runs: ``spent`` (responses generated), ``groups`` (prompt ids
-    whose responses go to the loss, in commit order), ``effective`` (how many of those are mixed),
-    ``abandoned`` (prompt ids dropped), ``successes`` / ``failures`` (dict prompt id -> count),
-    ``pruned`` (dict prompt id -> responses pruned mid-generation, ARROL, docs/arrol.md), ``unscored``
-    (dict prompt id -> responses whose reward is NaN: no reward function could score them).
-
-    Pruned and unscored responses are spent budget with no reward: they count in ``spent`` and in the
-    ``responses`` of ``outcomes``, never as a success or a failure; fillers decide on the observed
-    (completed) rewards only.
-    """
-
-    success_threshold = SUCCESS_THRESHOLD
-
-    def __init__(self, budget: int) -> None:
-        self.budget = int(budget)
-        self.spent = 0
-        self.groups, self.abandoned = [], []
-        self.effective = 0
-        self.successes, self.failures, self.pruned, self.unscored = {}, {}, {}, {}
-        self.generation_calls = 0
-
-    @property
-    def done(self) -> bool:
-        raise NotImplementedError
-
-    def outcomes(self, num_prompts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-prompt (successes, failures, responses) arrays over the whole pool, for ``Pacer.update``;
-        ``responses`` = successes + failures + pruned + unscored."""
-        s, f, cut = (np.zeros(num_prompts, np.int64) for _ in range(3))
-        for arr, counts in ((s, self.successes), (f, self.failures), (cut, self.pruned), (cut, self.unscored)):
-            for pid, v in counts.items():
-                arr[pid] += v
-        return s, f, s + f + cut
-
-    def stats(self) -> dict[str, float]:
-        return {"responses": self.spent, "groups": len(self.groups), "effective_groups": self.effective,
-                "abandoned": len(self.abandoned), "generation_calls": self.generation_calls,
-                "pruned": int(sum(self.pruned.values())), "unscored": int(sum(self.unscored.values()))}

@@ -43,12 +43,55 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import Round, is_success
+from .success import SUCCESS_THRESHOLD, is_success
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
 UNLIMITED = 1 << 62  # a synchronous backend's window
+
+
+class Round:
+    """The accounting every filler's round shares (its state machine: `event_rounds.EventRound`).
+
+    Attributes filled as the round runs: ``spent`` (responses generated), ``groups`` (prompt ids
+    whose responses go to the loss, in commit order), ``effective`` (how many of those are mixed),
+    ``abandoned`` (prompt ids dropped), ``successes`` / ``failures`` (dict prompt id -> count),
+    ``pruned`` (dict prompt id -> responses pruned mid-generation, ARROL, docs/arrol.md), ``unscored``
+    (dict prompt id -> responses whose reward is NaN: no reward function could score them).
+
+    Pruned and unscored responses are spent budget with no reward: they count in ``spent`` and in the
+    ``responses`` of ``outcomes``, never as a success or a failure; fillers decide on the observed
+    (completed) rewards only.
+    """
+
+    success_threshold = SUCCESS_THRESHOLD
+
+    def __init__(self, budget: int) -> None:
+        self.budget = int(budget)
+        self.spent = 0
+        self.groups, self.abandoned = [], []
+        self.effective = 0
+        self.successes, self.failures, self.pruned, self.unscored = {}, {}, {}, {}
+        self.generation_calls = 0
+
+    @property
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def outcomes(self, num_prompts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-prompt (successes, failures, responses) arrays over the whole pool, for ``Pacer.update``;
+        ``responses`` = successes + failures + pruned + unscored."""
+        s, f, cut = (np.zeros(num_prompts, np.int64) for _ in range(3))
+        for arr, counts in ((s, self.successes), (f, self.failures), (cut, self.pruned), (cut, self.unscored)):
+            for pid, v in counts.items():
+                arr[pid] += v
+        return s, f, s + f + cut
+
+    def stats(self) -> dict[str, float]:
+        return {"responses": self.spent, "groups": len(self.groups), "effective_groups": self.effective,
+                "abandoned": len(self.abandoned), "generation_calls": self.generation_calls,
+                "pruned": int(sum(self.pruned.values())), "unscored": int(sum(self.unscored.values()))}
 
 
 class EventRound(Round):

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import Filler, Pacer, Round, RunContext
+from .base import Filler, Pacer, RunContext
+from .event_rounds import Round
 from .pipeline import round_arguments
 from .registry import method_class
 

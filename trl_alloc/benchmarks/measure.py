@@ -113,7 +113,7 @@ def selection_figures(rounds, num_prompts, bins=5, variance_bins=5):
     import numpy as np
 
     from ..allocation import BetaState
-    from ..allocation.base import is_success
+    from ..allocation.success import is_success
 
     beta = BetaState(num_prompts)
     seen = np.zeros(num_prompts, bool)

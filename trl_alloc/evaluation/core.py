@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..allocation.arrol import rank_weights
-from ..allocation.base import SUCCESS_THRESHOLD, is_success
+from ..allocation.success import SUCCESS_THRESHOLD, is_success
 from ..allocation.allocator import json_default
 from ..tasks.rewards import completion_text
 from .backends import Samples, generate_samples, tokenize_prompts

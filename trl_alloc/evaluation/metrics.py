@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..allocation.arrol import rank_weights, weighted_majority_vote
-from ..allocation.base import SUCCESS_THRESHOLD, is_success
+from ..allocation.success import SUCCESS_THRESHOLD, is_success
 from ..tasks.rewards import completion_text, extract_countdown_expression, extract_int, math_verify_timeout
 
 # ---------------------------------------------------------------- metric math (pure)

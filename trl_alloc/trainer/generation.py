@@ -9,7 +9,7 @@ import torch
 from accelerate.utils import gather_object
 from trl.data_utils import is_conversational
 
-from ..allocation.base import is_success
+from ..allocation.success import is_success
 from ..rollout.pruning import generate_with_pruning
 from .trl_compat import calculate_rewards, generate, generation_host, take_extra_columns, tokenize_prompts
 
