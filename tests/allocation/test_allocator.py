@@ -110,7 +110,7 @@ def test_state_version_is_checked_and_old_states_migrate():
     v1["version"] = 1
     migrated = migrate_state(v1)
     assert migrated["version"] == STATE_VERSION and migrated["history"] == [] and migrated["pruning"] == "none"
-    make_allocator().load_state_dict(v1)  # an issue-1-era checkpoint still resumes
+    make_allocator().load_state_dict(v1)  # a state-version-1 checkpoint still resumes
     with pytest.raises(ValueError, match="rollout_budget=80, but this run has rollout_budget=96"):
         make_allocator(rollout_budget=96).load_state_dict(state, where="x")
 

@@ -33,7 +33,7 @@ def test_survival_closed_form_auto_mirrors_below_target():
     # mean(q) = 1/3 < ρ: tilt flips to λ(q − ρ) = [−.25, −.25, .25] -> δ = −1/12 -> [1/3, 1/3, 5/6].
     p = survival_probabilities([0.0, 0.0, 1.0], p_min=0.0, p_max=1.0)
     np.testing.assert_allclose(p, [1 / 3, 1 / 3, 5 / 6], atol=1e-12)
-    # mean(q) = 2/3 > ρ: auto is the spec formula unchanged.
+    # mean(q) = 2/3 > ρ: auto is the main-text formula (s = +1) unchanged.
     q = [1.0, 1.0, 0.0]
     np.testing.assert_allclose(survival_probabilities(q), survival_probabilities(q, direction="fixed"))
 
@@ -215,7 +215,7 @@ def test_pruning_balances_survivors_better_than_random(pool_rate):
     assert abs(kept["arrol"][1] / (G * groups) - keep) < 0.01  # same keep ratio
     assert abs(ratio["random"] - pool_rate) < 0.02
     assert abs(ratio["arrol"] - 0.5) < abs(ratio["random"] - 0.5) - 0.08
-    if pool_rate < 0.5:  # the spec's literal λ(ρ − q_i) prunes the scarce positives first
+    if pool_rate < 0.5:  # the main-text literal λ(ρ − q_i) prunes the scarce positives first
         assert ratio["fixed"] < ratio["random"] - 0.08
 
 # ---------------------------------------------------------------- test-time weighting

@@ -33,7 +33,7 @@ def survival_probabilities(q: ArrayLike, keep_ratio: float = 0.5, target_ratio: 
     """p_i = clip(κ + δ + λ s (ρ − q_i), p_min, p_max) for one group, δ by bisection so mean(p) = κ.
 
     q: calibrated success probabilities of the group's partial rollouts; κ = keep_ratio,
-    ρ = target_ratio, λ = slope. The spec's formula is s = +1 (favour low q), which balances a
+    ρ = target_ratio, λ = slope. The paper's main-text formula is s = +1 (favour low q), which balances a
     group only when it is mostly correct. With ``direction="auto"`` (default) s = sign(mean(q) − ρ):
     a mostly-wrong group favours high q instead, so survivors move toward ρ either way (paper
     App. A.1: remove rollouts on the side of ρ the group's ratio is on). ``"fixed"``: always s = +1.

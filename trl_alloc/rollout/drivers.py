@@ -3,8 +3,8 @@ rollout backend (`rollout.backends`), as slime and ROLL keep their engines full:
 window of `max_inflight`, each is handed back as soon as it ends, the allocator decides on it at once, and
 what it no longer wants (an abandoned prompt's siblings, everything once the round is done) is aborted.
 
-    driver = RoundDriver(engine, rollouts, prompt_ids_of, max_tokens, max_inflight)   # engine: started with
-    while (batch := driver.poll()) is not None:                                    # start_round(events=True)
+    driver = RoundDriver(allocator, rollouts, prompt_ids_of, max_tokens, max_inflight)  # allocator: its round
+    while (batch := driver.poll()) is not None:                            # started with start_round(events=True)
         driver.observe(score(batch))       # one row per rollout of the batch: pid, success (, pruned)
 
 Accounting (exact): a rollout is spent when it is started (aborted ones included), so the round's budget

@@ -1,7 +1,7 @@
 """ARROL's quality head (arXiv 2603.24840): a 2-layer MLP on the policy's last-layer hidden state at the
 detection point, one logit out ("will this partial rollout end with reward 1?").
 
-**Why not a PEFT adapter type.** The spec asks for a *PEFT side module*: saved, loaded and pushed as
+**Why not a PEFT adapter type.** The design asks for a *PEFT side module*: saved, loaded and pushed as
 its own adapter next to the policy. peft 0.21 offers three ways to do that, none of which fits:
 
 - a custom PEFT method (``PeftConfig`` + tuner + ``register_peft_method``): registration requires an

@@ -100,7 +100,7 @@ class CheckpointMixin:
     """The allocator's state in every checkpoint and final save; atomic checkpoint folders; resume."""
 
     def run_plan(self):
-        """What fixes this run's plan; a checkpoint of another plan is refused (`engine.PLAN_FIELDS`)."""
+        """What fixes this run's plan; a checkpoint of another plan is refused (`allocation.allocator.PLAN_FIELDS`)."""
         a = self.args
         return {"pacing": a.pacing, "filling": a.filling, "pruning": a.pruning, "num_prompts": len(self.train_dataset),
                 "num_rounds": self.num_rounds, "rollout_budget": int(a.budget_for(self.num_rounds)),

@@ -17,7 +17,7 @@ by its own size. The allocators see each response's success (`success_reward_fun
 saving are TRL's.
 
 Distributed contract: the allocator is driven on the main process only; every request and the
-round's summary are broadcast, so all ranks act on identical decisions (the engines of other ranks
+round's summary are broadcast, so all ranks act on identical decisions (the allocators of other ranks
 are built but only `record_round` advances them, from the broadcast summary). The round log
 (`output_dir/allocation/rounds.jsonl`, one line per round) is written by the main process; an event round's
 order of events stays there and is not broadcast. Each rank generates a contiguous share of a request's
