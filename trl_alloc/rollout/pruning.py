@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -44,6 +45,10 @@ from accelerate.utils import gather_object
 
 from ..allocation.arrol import accuracy, binary_auc
 from ..allocation.registry import method_class
+
+if TYPE_CHECKING:
+    from ..allocation.event_rounds import EventRound
+    from .backends import Rollout
 
 HEAD_DIR = "quality_head"
 HEAD_OPTIMIZER_NAME = "quality_head_optimizer.pt"
@@ -53,7 +58,8 @@ class RolloutPruner:
     """The pruning stage's state and decisions (main process): quality head + its optimizer (ARROL),
     score calibrator, survivor RNG, rounds seen (cold start) and the round's running figures."""
 
-    def __init__(self, args, hidden_size=None, base_model=None, seed=0):
+    def __init__(self, args: Any, hidden_size: int | None = None, base_model: str | None = None,
+                 seed: int = 0) -> None:
         self.mode = args.pruning
         policy = method_class("pruning", self.mode)  # the decision itself is numpy (allocation.arrol)
         if policy is None:
@@ -84,13 +90,14 @@ class RolloutPruner:
         self._scored = {}  # eligible rollouts not yet recorded: key -> (features, logit)
 
     @property
-    def active(self):
+    def active(self) -> bool:
         """Past the cold start: pruning decisions are made (before it, every rollout survives)."""
         return self.policy.active
 
     # ------------------------------------------------------------------ decisions (main process)
     @torch.no_grad()
-    def decide(self, groups, keys, features=None, logits=None, decidable=None):
+    def decide(self, groups: Sequence[int], keys: Iterable[Hashable], features: Sequence | None = None,
+               logits: Sequence[float] | None = None, decidable: Sequence[bool] | None = None) -> list:
         """Which eligible rollouts to prune: `keys` name them (a request's row indices, or rollout ids in the
         stream), `groups` their prompt-group. The head scores `features` (hidden states, trainer-side), or
         `logits` are its scores already (computed in the engine; `features` then only train it). Survival
@@ -115,7 +122,7 @@ class RolloutPruner:
             cut &= np.asarray(decidable, bool)
         return sorted(k for k, c in zip(keys, cut) if c)
 
-    def decide_snapshots(self, snapshots, event_round):
+    def decide_snapshots(self, snapshots: Sequence[Rollout], event_round: EventRound) -> list[int]:
         """In-stream pruning (`rollout.drivers.RoundDriver`'s `on_detect`): the snapshots of complete cohorts,
         scored in the engine (`info["score"]`, `info["hidden"]`), -> rollout ids to prune. A cohort (one
         submission's rollouts) is the group the survival probabilities are normalised over. With
@@ -128,7 +135,7 @@ class RolloutPruner:
                            decidable=[not s.info["ended"] and (prunable is None or prunable(s.tag))
                                       for s in snapshots])
 
-    def record(self, rows):
+    def record(self, rows: Sequence[dict]) -> None:
         """After rewards: queue (features, logit, label) of completed eligible rollouts for the head and the
         calibrator. `rows`: the trainer's rows; each is keyed by its `rid` (stream) or its index."""
         for i, row in enumerate(rows):
@@ -163,11 +170,11 @@ class RolloutPruner:
             saved += max(float(np.mean(ref)) - self.detect_length, 0.0) if ref else 0.0
         return saved
 
-    def add_time(self, generation_s=0.0, scoring_s=0.0):
+    def add_time(self, generation_s: float = 0.0, scoring_s: float = 0.0) -> None:
         self._round["generation_s"] += generation_s
         self._round["scoring_s"] += scoring_s
 
-    def end_round(self):
+    def end_round(self) -> dict[str, float]:
         """Close the round: head metrics on the round's completed rollouts (before training on them),
         calibrator update, one Adam step of the head on binary cross-entropy; returns the metrics."""
         r = self._round
@@ -200,7 +207,7 @@ class RolloutPruner:
         self._reset_round()
         return out
 
-    def train_head(self, features, labels):
+    def train_head(self, features: torch.Tensor, labels: torch.Tensor) -> float:
         """One Adam step of binary cross-entropy on detached features; returns the loss before the step."""
         self.head.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -210,7 +217,7 @@ class RolloutPruner:
         self.head.eval()
         return float(loss.detach())
 
-    def calibration_curve(self):
+    def calibration_curve(self) -> dict[str, list[float]] | None:
         """Per score bin with data: the calibrated q at the bin centre and the observed positive rate."""
         calibrator = self.policy.calibrator
         if self.head is None or not len(calibrator):
@@ -226,11 +233,11 @@ class RolloutPruner:
         return {"predicted": q[seen].tolist(), "observed": (n1[seen] / n[seen]).tolist()}
 
     # ------------------------------------------------------------------ state
-    def state_dict(self):
+    def state_dict(self) -> dict:
         """JSON-serialisable state (the head's weights and optimizer are saved as files, see `save`)."""
         return {"mode": self.mode, **self.policy.state_dict(), "totals": dict(self.totals)}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         if state.get("mode") != self.mode:
             raise ValueError(f"the checkpoint's pruning state is for {state.get('mode')!r}, this run prunes with "
                              f"{self.mode!r}; resume with the same `pruning`.")
@@ -238,16 +245,16 @@ class RolloutPruner:
         self.totals.update(state.get("totals", {}))
         self._reset_round()
 
-    def save(self, output_dir):
+    def save(self, output_dir: str | os.PathLike) -> None:
         """The head as its own adapter folder: `output_dir/quality_head/` (config.json, model.safetensors)."""
         if self.head is not None:
             self.head.save_pretrained(os.path.join(output_dir, HEAD_DIR))
 
-    def save_optimizer(self, output_dir):
+    def save_optimizer(self, output_dir: str | os.PathLike) -> None:
         if self.optimizer is not None:
             torch.save(self.optimizer.state_dict(), os.path.join(output_dir, HEAD_OPTIMIZER_NAME))
 
-    def load(self, checkpoint):
+    def load(self, checkpoint: str | os.PathLike) -> None:
         """Restore the head's weights (and optimizer, when the checkpoint has it) from a checkpoint folder."""
         if self.head is None:
             return
@@ -264,7 +271,7 @@ class RolloutPruner:
             self.optimizer.load_state_dict(torch.load(opt, map_location="cpu", weights_only=True))
 
 
-def build_pruner(args, model_config) -> "RolloutPruner | None":
+def build_pruner(args: Any, model_config: Any) -> RolloutPruner | None:
     """The pruning stage `args.pruning` names (None for 'none'), for a policy with `model_config` (its hidden size
     sizes the quality head)."""
     if method_class("pruning", args.pruning) is None:
