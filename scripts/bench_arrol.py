@@ -56,6 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--learning_rate", type=float, default=1e-4,
                    help="policy learning rate (the embedded recipe's; 3e-4 and above destabilise the tiny model)")
     p.add_argument("--cold_start_rounds", type=int, default=2)
+    p.add_argument("--pruning_min_auc", type=float, default=0.0,
+                   help="the trainer's gate (docs/arrol.md, 'The gate'); 0 = the paper's ARROL, ungated")
     p.add_argument("--levels", default=None,
                    help="comma-separated arithmetic difficulty levels 1..5 (default: all); '5' gives the longest "
                    "answers (3-4 digit sums/products), i.e. the most tokens after detect_length")
@@ -119,7 +121,7 @@ def run_variant(variant, opts, model_dir, server_url, dataset, reward, out_root)
         num_rounds=opts.rounds, max_steps=opts.rounds,
         pacing="uniform", filling="full", pruning=variant, detect_length=opts.detect_length,
         keep_ratio=opts.keep_ratio, cold_start_rounds=opts.cold_start_rounds, head_hidden_size=64,
-        head_learning_rate=1e-2,
+        head_learning_rate=1e-2, pruning_min_auc=opts.pruning_min_auc,
         use_vllm=True, vllm_mode="server", vllm_server_base_url=server_url, vllm_server_timeout=120,
     )
     torch.manual_seed(opts.seed)

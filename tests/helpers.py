@@ -176,7 +176,7 @@ TWO_PROCESS_RUNS = {  # accelerate config -> {run: settings} (tests/trainer/dist
               "events": {**SMOKE, "rollout_mode": "events"},
               "stream": {**SMOKE, "rollout_mode": "stream"},
               "arrol": {**SMOKE, "pruning": "arrol", "detect_length": 2, "max_completion_length": 5,
-                        "cold_start_rounds": 1, "head_hidden_size": 16}},
+                        "cold_start_rounds": 1, "head_hidden_size": 16, "pruning_min_auc": 0.0}},
 }
 
 

@@ -29,7 +29,7 @@ from trl_alloc.trainer.checkpointing import ALLOCATION_STATE_NAME  # noqa: E402
 L, MAX_LEN = 2, 6  # detect_length, max_completion_length
 EOS_BIAS = {"sequence_bias": [[[1], 1.5]]}  # eos id 1: ~1 in 3 rollouts stops within its first 2 tokens
 ARROL = dict(pacing="uniform", filling="full", pruning="arrol", detect_length=L, max_completion_length=MAX_LEN,
-             cold_start_rounds=1, head_hidden_size=16, head_learning_rate=1e-2, num_generations=8,
+             cold_start_rounds=1, head_hidden_size=16, head_learning_rate=1e-2, num_generations=8, pruning_min_auc=0.0,
              per_device_train_batch_size=16, generation_kwargs=EOS_BIAS)
 
 
@@ -188,6 +188,29 @@ def test_head_never_backpropagates_into_the_policy(tmp_path):
     assert feats.shape == (2, 64) and not feats.requires_grad
     trainer.pruner.train_head(feats, torch.tensor([1.0, 0.0]))
     assert all(p.grad is None for p in trainer.model.parameters())
+
+
+def test_the_default_gate_keeps_pruning_off_until_the_head_is_measured(tmp_path, capsys):
+    """With the gate on (the default), a head measured on too few held-out rollouts prunes nothing: rollouts run to
+    the end, the budget is exact, the run says why once, and its summary and card record the gate."""
+    trainer = build(tmp_path, num_rounds=4, pruning_min_auc=0.6)
+    rec = spy(trainer)
+    trainer.train()
+    rows = [r for req in rec["requests"] for r in req]
+    assert not any(r["pruned"] for r in rows) and trainer.pruner.totals["pruned"] == 0
+    assert trainer.pruner.totals["eligible"] > 0 and any(len(r["completion_ids"]) > L for r in rows)
+    assert trainer.allocator.counters["responses"] == len(rows) == 4 * 16
+    logged = [x for x in trainer.state.log_history if "arrol/gate_open" in x]
+    assert len(logged) == 4 and all(x["arrol/gate_open"] == 0.0 for x in logged)
+    assert all(0 < x["arrol/heldout_samples"] < 4 * 16 for x in logged[1:])
+    out = capsys.readouterr().out
+    assert out.count("ARROL pruning is off") == 1 and "needs 16 of each" in out
+    gate = trainer.write_allocation_report()["pruning"]["gate"]
+    assert gate["open"] is False and gate["min_auc"] == 0.6
+    trainer.pruner.save(tmp_path)
+    trainer.create_model_card()
+    card = (tmp_path / "README.md").read_text()
+    assert "Pruning gate at the end of the run: **closed**" in card and "| `pruning_min_auc` | 0.6 |" in card
 
 
 # ---------------------------------------------------------------- random pruning (the paper's control)

@@ -45,7 +45,7 @@ STREAM = dict(pacing="uniform", filling="sara", num_rounds=6, rollout_budget=96,
               max_staleness=2, temperature=1.5, target_groups=1, save_strategy="steps", save_steps=3)
 PRUNE = dict(pacing="uniform", filling="full", num_rounds=4, rollout_budget=32, rollout_mode="stream",
              max_staleness=2, temperature=1.5, pruning="arrol", detect_length=4, cold_start_rounds=0,
-             head_hidden_size=16, keep_ratio=0.5)
+             head_hidden_size=16, keep_ratio=0.5, pruning_min_auc=0.0)
 
 
 def stream_then_resume(out):

@@ -140,7 +140,8 @@ def test_events_through_the_vllm_server(tmp_path, vllm_server):
     # ARROL in the stream: the head goes to the server with the weights, the worker scores each rollout at
     # detect_length, pruned rollouts are aborted there (spent, no reward, never in the loss)
     trainer, seen = run("arrol", 48, pacing="uniform", filling="full", pruning="arrol", detect_length=2,
-                        cold_start_rounds=1, head_hidden_size=16, keep_ratio=0.5, per_device_train_batch_size=16)
+                        cold_start_rounds=1, head_hidden_size=16, keep_ratio=0.5, per_device_train_batch_size=16,
+                        pruning_min_auc=0.0)
     pruned = [r for r in seen if r["pruned"]]
     prunes = [(pid, rid) for e in read_round_log(trainer.round_log_path) for kind, pid, rid in e["events"]
               if kind == "prune"]
@@ -158,6 +159,7 @@ def test_events_keep_arrol_two_phase_pruning_with_transformers_generation(tmp_pa
     seen = []
     trainer = build(tmp_path, pacing="uniform", filling="full", pruning="arrol", detect_length=2,
                     max_completion_length=6, cold_start_rounds=1, head_hidden_size=16, num_generations=8,
+                    pruning_min_auc=0.0,
                     per_device_train_batch_size=16, num_rounds=4, rollout_mode="events", rollout_max_inflight=16,
                     generation_kwargs={"sequence_bias": [[[1], 1.5]]})
     inner = trainer._build_loss_batches

@@ -319,7 +319,7 @@ class Allocator:
                "trained": any(trained_groups(x) > 0 for x in h),
                "allocator_time_share": sum(x["allocator_s"] for x in h) / max(sum(x["round_s"] for x in h), 1e-9)}
         if self.pruner is not None:
-            out["pruning"] = dict(self.pruner.totals)
+            out["pruning"] = self.pruner.report()
         return out
 
 

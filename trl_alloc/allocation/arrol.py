@@ -1,6 +1,7 @@
 """ARROL (arXiv 2603.24840; docs/arrol.md): survival probabilities for partial rollouts, the online score
-calibrator of the quality head, the pruning decision (`ARROLPruning`, `RandomPruning`), and
-rank-weighted majority voting at test time. numpy/scipy only."""
+calibrator of the quality head, the gate that keeps pruning off while the head ranks no better than a coin
+(`AUCGate`), the pruning decision (`ARROLPruning`, `RandomPruning`), and rank-weighted majority voting at test
+time. numpy/scipy only."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.optimize import brentq
 from scipy.special import expit
-from scipy.stats import rankdata
+from scipy.stats import mannwhitneyu, rankdata
 
 from ._checks import check_finite, check_int, check_open_unit
 from .registry import register
@@ -209,27 +210,110 @@ class ScoreCalibrator:
         self._buffer = deque(zip(bins, labels), maxlen=self.buffer_size)
 
 
+class AUCGate:
+    """Prune only behind a head that ranks better than a coin (docs/arrol.md, "The gate"; not in the paper).
+
+    Holds the (score, label) pairs of the last `window` held-out rollouts: scored by the head before it could train
+    on them, never trained on, never pruned. Open when, with at least `min_per_class` of each label, their AUC is
+    >= `min_auc` and Mann-Whitney's one-sided test rejects AUC = 0.5 at level `alpha` (so a few lucky rollouts
+    cannot open it). `min_auc = 0` disables the gate (always open)."""
+
+    def __init__(self, min_auc: float = 0.6, window: int = 512, min_per_class: int = 16, alpha: float = 0.001) -> None:
+        self.min_auc = float(min_auc)
+        if not 0 <= self.min_auc <= 1:
+            raise ValueError(f"`min_auc` must lie in [0, 1] (0 turns the gate off), got {min_auc!r}.")
+        self.window = check_int("window", window, minimum=1)
+        self.min_per_class = check_int("min_per_class", min_per_class, minimum=1)
+        self.alpha = check_open_unit("alpha", alpha)
+        self._pairs = deque(maxlen=self.window)
+        self._figures = self._measure()
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_auc > 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._figures["open"]
+
+    def figures(self) -> dict:
+        """{"open", "auc", "p_value", "positives", "negatives"} of the current window (auc NaN with one class)."""
+        return dict(self._figures)
+
+    def observe(self, scores: ArrayLike, labels: ArrayLike) -> None:
+        """Held-out rollouts' head logits (from before the head saw them) and 0/1 final rewards."""
+        s, y = _paired(scores, labels)
+        self._pairs.extend(zip(s.tolist(), y.tolist()))
+        self._figures = self._measure()
+
+    def _measure(self):
+        s = np.array([p[0] for p in self._pairs], float)
+        y = np.array([p[1] for p in self._pairs], np.int64)
+        n1 = int(y.sum())
+        n0 = y.size - n1
+        auc = binary_auc(s, y) if y.size else float("nan")
+        p = float(mannwhitneyu(s[y == 1], s[y == 0], alternative="greater").pvalue) if n1 and n0 else 1.0
+        enough = n1 >= self.min_per_class and n0 >= self.min_per_class
+        is_open = not self.enabled or (enough and auc >= self.min_auc and p <= self.alpha)
+        return {"open": bool(is_open), "auc": auc, "p_value": p, "positives": n1, "negatives": n0}
+
+    def reason(self) -> str:
+        """Why it is closed (or that it is open), in words for a log line."""
+        f = self._figures
+        if not self.enabled:
+            return "the gate is off (min_auc=0)"
+        seen = f"{f['positives']} successes and {f['negatives']} failures held out"
+        if min(f["positives"], f["negatives"]) < self.min_per_class:
+            return f"{seen}; it needs {self.min_per_class} of each to measure the head"
+        verdict = "open" if f["open"] else "closed"
+        return (f"the quality head's held-out AUC is {f['auc']:.3f} over {seen} (one-sided p = {f['p_value']:.2g}); "
+                f"the gate is {verdict} at AUC >= {self.min_auc:g} and p <= {self.alpha:g}")
+
+    def state_dict(self) -> dict:
+        return {"scores": [p[0] for p in self._pairs], "labels": [p[1] for p in self._pairs]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The held-out pairs; the thresholds are this run's (a resumed run may change them)."""
+        self._pairs.clear()
+        if state["scores"]:
+            self.observe(state["scores"], state["labels"])
+        self._figures = self._measure()
+
 @register("pruning", "arrol")
 class ARROLPruning:
     """ARROL's pruning decision on one request's eligible partial rollouts (docs/arrol.md): head logits ->
     calibrated q (`ScoreCalibrator`) -> per-prompt-group survival probabilities (`survival_probabilities`)
-    -> sampled survivors. Nothing is pruned during the first `cold_start_rounds` rounds."""
+    -> sampled survivors. Nothing is pruned during the first `cold_start_rounds` rounds, nor while the `AUCGate`
+    is closed; a `heldout_fraction` of the eligible rollouts (drawn by `hold_out`) feeds that gate."""
 
     uses_head = True
 
     def __init__(self, keep_ratio: float = 0.5, target_ratio: float = 0.5, slope: float = 0.5, p_min: float = 0.1,
                  p_max: float = 0.9, cold_start_rounds: int = 20, calibration_bins: int = 10,
-                 calibration_buffer: int = 2048, calibration_alpha: float = 1.0, seed: int = 0) -> None:
+                 calibration_buffer: int = 2048, calibration_alpha: float = 1.0, min_auc: float = 0.6,
+                 heldout_fraction: float = 0.2, gate_window: int = 512, seed: int = 0) -> None:
         self.survival = dict(keep_ratio=keep_ratio, target_ratio=target_ratio, slope=slope, p_min=p_min, p_max=p_max)
         self.cold_start_rounds = check_int("cold_start_rounds", cold_start_rounds, minimum=0)
         self.calibrator = ScoreCalibrator(calibration_bins, calibration_buffer, calibration_alpha)
+        self.gate = AUCGate(min_auc if self.uses_head else 0.0, gate_window)
+        self.heldout_fraction = float(heldout_fraction) if self.gate.enabled else 0.0
+        if not 0 <= self.heldout_fraction < 1 or (self.gate.enabled and self.heldout_fraction == 0):
+            raise ValueError(f"`heldout_fraction` must lie in (0, 1) while the gate is on (min_auc={min_auc}): it "
+                             f"measures the head on rollouts it never trained on; got {heldout_fraction!r}.")
         self.rng = np.random.default_rng([int(seed), 0xA220])
+        self.holdout_rng = np.random.default_rng([int(seed), 0xA221])
         self.rounds = 0
 
     @property
     def active(self) -> bool:
-        """Past the cold start: pruning decisions are made (before it, every rollout survives)."""
-        return self.rounds >= self.cold_start_rounds
+        """Past the cold start and the gate open: pruning decisions are made (else every rollout survives)."""
+        return self.rounds >= self.cold_start_rounds and self.gate.is_open
+
+    def hold_out(self, n: int) -> np.ndarray:
+        """Which of `n` eligible rollouts go to the gate's held-out slice (never pruned, never trained on)."""
+        if not self.heldout_fraction:
+            return np.zeros(int(n), bool)
+        return self.holdout_rng.random(int(n)) < self.heldout_fraction
 
     def keep_probabilities(self, groups: ArrayLike, logits: ArrayLike) -> np.ndarray:
         """Survival probability of each eligible rollout; `groups`: its prompt id, `logits`: its head logit."""
@@ -248,21 +332,29 @@ class ARROLPruning:
             return np.zeros(groups.size, bool)
         return ~sample_survivors(self.keep_probabilities(groups, logits), self.rng)
 
-    def observe(self, logits: ArrayLike, labels: ArrayLike) -> None:
-        """Completed eligible rollouts' (logit, 0/1 label) into the calibrator's buffer."""
+    def observe(self, logits: ArrayLike, labels: ArrayLike, heldout: ArrayLike | None = None) -> None:
+        """Completed eligible rollouts' (logit, 0/1 label) into the calibrator's buffer; the `heldout` ones also
+        into the gate (their logits were computed before the head could train on them)."""
         self.calibrator.update(logits, labels)
+        if heldout is not None and np.any(heldout):
+            held = np.asarray(heldout, bool)
+            self.gate.observe(np.asarray(logits)[held], np.asarray(labels)[held])
 
     def end_round(self) -> None:
         self.rounds += 1
 
     def state_dict(self) -> dict:
         return {"rounds": self.rounds, "rng": self.rng.bit_generator.state,
-                "calibrator": self.calibrator.state_dict()}
+                "holdout_rng": self.holdout_rng.bit_generator.state, "calibrator": self.calibrator.state_dict(),
+                "gate": self.gate.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.rounds = int(state["rounds"])
         self.rng.bit_generator.state = state["rng"]
         self.calibrator.load_state_dict(state["calibrator"])
+        if "holdout_rng" in state:  # (checkpoints from before the gate have neither)
+            self.holdout_rng.bit_generator.state = state["holdout_rng"]
+            self.gate.load_state_dict(state["gate"])
 
 
 @register("pruning", "random")

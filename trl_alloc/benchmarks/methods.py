@@ -26,7 +26,7 @@ METHODS = {
     "sara": ("SARA", dict(pacing="uniform", filling="sara")),
     "cero_sara": ("CERO+SARA", dict(pacing="cero", filling="sara")),
     "cero_sara_arrol": ("CERO+SARA+ARROL", dict(pacing="cero", filling="sara", pruning="arrol", detect_length=2,
-                                                cold_start_rounds=2)),
+                                                cold_start_rounds=2, pruning_min_auc=0.0)),
     "cero_sara_random": ("CERO+SARA+random pruning", dict(pacing="cero", filling="sara", pruning="random",
                                                           detect_length=2, cold_start_rounds=2)),
 }

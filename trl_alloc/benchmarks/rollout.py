@@ -21,7 +21,7 @@ from ..rollout.backends import VLLMServerRollouts
 from ..rollout.pruning import RolloutPruner
 from ..rollout.drivers import StreamDriver, run_round
 
-ARROL = {"pruning": "arrol"}
+ARROL = {"pruning": "arrol", "pruning_min_auc": 0.0}  # the paper's ARROL: prune from the cold start's end
 # name -> (pacing, filling, rollout mode: "sync" | "events" | "stream", other config fields)
 ROLLOUT_METHODS = {
     "stock": ("uniform", "full", "sync", {}),

@@ -14,7 +14,7 @@ num_generations, same max_completion_length, same optimizer settings):
   cero_fixed / cero_preset / cero_greedy   CERO ablations (filling full)
   sara          SARA                           (pacing uniform,        filling sara)
   cero_sara     CERO + SARA                    (pacing cero,           filling sara)
-  cero_sara_arrol  CERO + SARA + ARROL         (pruning arrol, detect_length 2, cold_start_rounds 2)
+  cero_sara_arrol  CERO + SARA + ARROL         (pruning arrol, detect_length 2, cold_start_rounds 2, ungated)
   cero_sara_random CERO + SARA + random pruning (ARROL's control: same survival rate, no head)
 
 Per method: held-out avg@k and pass@k (``trl_alloc.evaluation``, transformers backend, k samples per

@@ -16,7 +16,8 @@ RUN_FILES = ("allocation_state.json", "training_args.json")
 SETTING_KEYS = ("pacing", "filling", "pruning", "rollout_budget", "num_rounds", "num_generations", "unit_size",
                 "max_units", "round_capacity", "saturation", "forgetting", "prior_alpha", "prior_beta",
                 "init_price", "probe", "tau_low", "commit_min", "history_decay", "max_generation_batches",
-                "detect_length", "keep_ratio", "target_ratio", "learning_rate", "loss_type", "beta", "epsilon",
+                "detect_length", "keep_ratio", "target_ratio", "pruning_min_auc", "quality_head_init",
+                "learning_rate", "loss_type", "beta", "epsilon",
                 "epsilon_high", "max_completion_length", "temperature", "seed", "success_reward_funcs",
                 "success_threshold", "rollout_mode", "rollout_mode_reason", "max_staleness")
 

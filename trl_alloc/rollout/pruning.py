@@ -71,15 +71,20 @@ class RolloutPruner:
             keep_ratio=args.keep_ratio, target_ratio=args.target_ratio, slope=args.survival_slope,
             p_min=args.survival_min, p_max=args.survival_max, cold_start_rounds=args.cold_start_rounds,
             calibration_bins=args.calibration_bins, calibration_buffer=args.calibration_buffer,
-            calibration_alpha=args.calibration_alpha, seed=seed)
+            calibration_alpha=args.calibration_alpha, min_auc=args.pruning_min_auc,
+            heldout_fraction=args.pruning_heldout_fraction, gate_window=args.pruning_gate_window, seed=seed)
         self.totals = {"eligible": 0, "pruned": 0, "tokens_saved": 0.0}
         self.head = self.optimizer = None
+        self._gate_said = None  # the gate's last state told the user (None: nothing said yet)
+        self.notices = []  # lines for the user (the trainer prints them on the main process)
         if self.policy.uses_head:
             from .quality_head import QualityHead
 
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(seed))
                 self.head = QualityHead(hidden_size, args.head_hidden_size, self.detect_length, base_model)
+            if getattr(args, "quality_head_init", None):
+                self.load_head(args.quality_head_init)
             self.optimizer = torch.optim.Adam(self.head.parameters(), lr=args.head_learning_rate)
         self._reset_round()
 
@@ -87,11 +92,12 @@ class RolloutPruner:
         self._round = {"eligible": 0, "pruned": 0, "finished_early": 0, "generation_s": 0.0, "scoring_s": 0.0,
                        "survivor_labels": [], "lengths": {}, "cut": []}
         self._train = []  # (features, logits, labels) of completed eligible rollouts this round
-        self._scored = {}  # eligible rollouts not yet recorded: key -> (features, logit)
+        self._heldout = []  # (logit, label) of completed held-out rollouts this round: the gate's, never trained on
+        self._scored = {}  # eligible rollouts not yet recorded: key -> (features, logit, held out)
 
     @property
     def active(self) -> bool:
-        """Past the cold start: pruning decisions are made (before it, every rollout survives)."""
+        """Past the cold start, and the gate open: pruning decisions are made (else every rollout survives)."""
         return self.policy.active
 
     # ------------------------------------------------------------------ decisions (main process)
@@ -114,10 +120,13 @@ class RolloutPruner:
             if not given:
                 self.head.eval()
                 logits = self.head(feats).double().numpy()
+        held = self.policy.hold_out(len(keys))
         for j, key in enumerate(keys):
-            self._scored[key] = (None if feats is None else feats[j], float(logits[j]))
+            self._scored[key] = (None if feats is None else feats[j], float(logits[j]), bool(held[j]))
         self._round["eligible"] += len(keys)
-        cut = self.policy.prune(np.asarray(groups, np.int64), logits if self.head is not None else None)
+        cut = np.zeros(len(keys), bool)
+        cut[~held] = self.policy.prune(np.asarray(groups, np.int64)[~held],
+                                       logits[~held] if self.head is not None else None)
         if decidable is not None:
             cut &= np.asarray(decidable, bool)
         return sorted(k for k, c in zip(keys, cut) if c)
@@ -154,7 +163,9 @@ class RolloutPruner:
             elif np.isfinite(row["success"]):  # the trainer's success signal (0/1), NaN = unscored
                 label = int(row["success"])
                 self._round["survivor_labels"].append(label)
-                if scored[0] is not None:
+                if scored[2]:
+                    self._heldout.append((scored[1], label))
+                elif scored[0] is not None:
                     self._train.append((scored[0], scored[1], label))
         if "rid" not in (rows[0] if rows else {}):
             self._scored.clear()  # a request's row indices are its own
@@ -201,10 +212,47 @@ class RolloutPruner:
             if np.isfinite(auc):
                 out["arrol/head_auc"] = auc
             out["arrol/head_samples"] = float(labels.size)
-            self.policy.observe(logits, labels)
             out["arrol/head_loss"] = self.train_head(feats, torch.as_tensor(labels, dtype=torch.float32))
+        if self._train or self._heldout:
+            pairs = [(t[1], t[2], False) for t in self._train] + [(s, y, True) for s, y in self._heldout]
+            logits, labels, held = (np.array(c) for c in zip(*pairs))
+            self.policy.observe(logits, labels, held)
+        if self.policy.gate.enabled:
+            gate = self.policy.gate.figures()
+            if np.isfinite(gate["auc"]):
+                out["arrol/auc_heldout"] = gate["auc"]
+            out["arrol/heldout_samples"] = float(gate["positives"] + gate["negatives"])
+            out["arrol/gate_open"] = float(gate["open"])
         self.policy.end_round()
+        self._say_gate()
         self._reset_round()
+        return out
+
+    def _say_gate(self):
+        """Once past the cold start, and again whenever the gate changes: why pruning is on or off."""
+        gate = self.policy.gate
+        if not gate.enabled or self.policy.rounds < self.policy.cold_start_rounds or gate.is_open == self._gate_said:
+            return
+        if gate.is_open:
+            self.notices.append(f"ARROL pruning is on: {gate.reason()}.")
+        else:
+            self.notices.append(f"ARROL pruning is off, rollouts run to the end: {gate.reason()}. Pruning at chance "
+                                "would cut rollouts at random (docs/arrol.md, 'The gate'); set pruning_min_auc=0 to "
+                                "prune regardless.")
+        self._gate_said = gate.is_open
+
+    def take_notices(self) -> list[str]:
+        out, self.notices = self.notices, []
+        return out
+
+    def report(self) -> dict:
+        """The run's pruning figures (`allocation/summary.json`, the model card): totals, and the gate's state."""
+        out = dict(self.totals)
+        if self.policy.gate.enabled:
+            gate = self.policy.gate.figures()
+            out["gate"] = {"open": gate["open"], "auc_heldout": None if not np.isfinite(gate["auc"]) else gate["auc"],
+                           "heldout": gate["positives"] + gate["negatives"], "min_auc": self.policy.gate.min_auc,
+                           "reason": self.policy.gate.reason()}
         return out
 
     def train_head(self, features: torch.Tensor, labels: torch.Tensor) -> float:
@@ -244,6 +292,21 @@ class RolloutPruner:
         self.policy.load_state_dict(state)
         self.totals.update(state.get("totals", {}))
         self._reset_round()
+
+    def load_head(self, folder: str | os.PathLike) -> None:
+        """Start from a saved head: a probe pass's (`scripts/arrol_study.py --save_head`) or a run's head."""
+        from .quality_head import QualityHead
+
+        given = QualityHead.from_pretrained(str(folder))
+        if (given.hidden_size, given.head_hidden_size) != (self.head.hidden_size, self.head.head_hidden_size):
+            raise ValueError(f"the quality head in {folder} takes hidden states of size {given.hidden_size} with "
+                             f"{given.head_hidden_size} hidden units; this policy's head needs "
+                             f"{self.head.hidden_size} and head_hidden_size={self.head.head_hidden_size}. Train the "
+                             "head on this policy, or set head_hidden_size to the saved one.")
+        if given.detect_length not in (None, self.detect_length):
+            self.notices.append(f"the quality head from {folder} was trained at detect_length {given.detect_length}; "
+                                f"this run scores at {self.detect_length}.")
+        self.head.load_state_dict(given.state_dict())
 
     def save(self, output_dir: str | os.PathLike) -> None:
         """The head as its own adapter folder: `output_dir/quality_head/` (config.json, model.safetensors)."""

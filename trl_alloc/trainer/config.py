@@ -8,6 +8,7 @@ Verdicts, Better Budgets", ARROL arXiv 2603.24840, and the baselines of docs/all
 import dataclasses
 import json
 import numbers
+import os
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -172,6 +173,18 @@ class AllocGRPOConfig(GRPOConfig):
         "help": "Sliding buffer of completed rollouts (bin, label) behind the calibrator's per-bin counts."})
     calibration_alpha: float = field(default=1.0, metadata={
         "help": "Laplace smoothing α of the calibrator's per-bin counts."})
+    pruning_min_auc: float = field(default=0.6, metadata={
+        "help": "ARROL's gate (docs/arrol.md, 'The gate'): prune only while the quality head's AUC on held-out "
+        "rollouts is at least this (and significantly above 0.5, one-sided p <= 0.001); otherwise rollouts run to the "
+        "end. 0 turns the gate off. Not in the paper: at small scale the head can rank no better than a coin."})
+    pruning_heldout_fraction: float = field(default=0.2, metadata={
+        "help": "Share of the eligible rollouts the gate holds out: never pruned, never trained on, scored by the "
+        "head before it sees them."})
+    pruning_gate_window: int = field(default=512, metadata={
+        "help": "The gate's AUC is measured over this many of the latest held-out rollouts."})
+    quality_head_init: str | None = field(default=None, metadata={
+        "help": "Start the quality head from this QualityHead folder (e.g. `scripts/arrol_study.py --save_head` on a "
+        "probe pass of the base model) instead of a random head; its hidden size must be the policy's."})
 
     def __post_init__(self):
         for name in ("save_strategy", "eval_strategy", "logging_strategy"):  # YAML reads a bare `no` as false
@@ -304,14 +317,23 @@ class AllocGRPOConfig(GRPOConfig):
                           f"cold_start_rounds={self.cold_start_steps}.", FutureWarning, stacklevel=3)
             self.cold_start_rounds, self.cold_start_steps = self.cold_start_steps, None
         for name, lo in (("detect_length", 1), ("head_hidden_size", 1), ("calibration_bins", 1),
-                         ("calibration_buffer", 1), ("cold_start_rounds", 0)):
+                         ("calibration_buffer", 1), ("cold_start_rounds", 0), ("pruning_gate_window", 1)):
             if int(getattr(self, name)) < lo:
                 raise ValueError(f"`{name}` must be >= {lo}, got {getattr(self, name)}.")
-        for name in ("target_ratio", "survival_min", "survival_max"):
+        for name in ("target_ratio", "survival_min", "survival_max", "pruning_min_auc"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"`{name}` must lie in [0, 1], got {getattr(self, name)}.")
         if not 0 < self.keep_ratio <= 1:
             raise ValueError(f"`keep_ratio` must lie in (0, 1] (1 keeps every rollout), got {self.keep_ratio}.")
+        if self.pruning_min_auc > 0 and not 0 < self.pruning_heldout_fraction < 1:
+            raise ValueError(f"`pruning_heldout_fraction` must lie in (0, 1) while the gate is on (pruning_min_auc="
+                             f"{self.pruning_min_auc}), got {self.pruning_heldout_fraction}: the gate measures the "
+                             "head on rollouts it never trained on. Set pruning_min_auc=0 to turn the gate off.")
+        if self.quality_head_init is not None and not os.path.isfile(
+                os.path.join(self.quality_head_init, "model.safetensors")):
+            raise ValueError(f"quality_head_init={self.quality_head_init!r} is not a QualityHead folder (no "
+                             "model.safetensors): give the folder `scripts/arrol_study.py --save_head` or a run's "
+                             "`quality_head/` wrote.")
         if self.survival_min > self.survival_max:
             raise ValueError(f"`survival_min` ({self.survival_min}) must not exceed `survival_max` "
                              f"({self.survival_max}).")
@@ -394,7 +416,8 @@ PARAMETER_GROUPS = {
     "ARROL (arXiv 2603.24840)": (
         "detect_length", "prune_undecided", "keep_ratio", "target_ratio", "survival_slope", "survival_min",
         "survival_max", "cold_start_rounds", "cold_start_steps", "head_hidden_size", "head_learning_rate",
-        "calibration_bins", "calibration_buffer", "calibration_alpha"),
+        "calibration_bins", "calibration_buffer", "calibration_alpha", "pruning_min_auc", "pruning_heldout_fraction",
+        "pruning_gate_window", "quality_head_init"),
 }
 
 

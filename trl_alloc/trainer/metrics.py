@@ -53,6 +53,9 @@ class RoundMetricsMixin:
             m["alloc/pacing_gap"] = [summary["pacing_gap"]]
         self._warn_without_signal(rows)
         self._warn_flat_groups(entry)
+        if self.pruner is not None and self.accelerator.is_main_process:
+            for line in self.pruner.take_notices():
+                print(f"[trl-alloc] {line}")
         if "pruning" in summary:
             m["alloc/responses_pruned"].append(float(stats.get("pruned", 0)))
             for key, value in summary["pruning"].items():

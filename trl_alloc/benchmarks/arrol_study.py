@@ -1,0 +1,203 @@
+"""What ARROL's quality head can learn on a real model (arXiv 2603.24840; docs/arrol.md, "What the head can
+learn"): features of partial rollouts from a probe pass, heads trained offline, held-out AUC by detection point,
+feature, head size and regularisation, and head-free signals beside them.
+
+The probe pass itself (vLLM sampling, rewards) is `scripts/arrol_study.py`; this module takes its token ids and
+labels. Every AUC is measured on prompts the head never trained on (k-fold, split by prompt), two ways:
+
+* pooled: all held-out eligible rollouts ranked together (what `arrol/head_auc` logs in training);
+* within-group: only pairs of rollouts of the same prompt -- ARROL normalises survival inside each group
+  (arXiv 2603.24840, eq. 3), so this is the ranking pruning actually uses; a head that only knows which
+  prompts are hard scores well pooled and 0.5 here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..allocation.arrol import binary_auc
+
+
+@dataclass
+class ProbeFeatures:
+    """Per detection point d: the rollouts still running at d (`rows[d]`, indices into the probe pass), their
+    hidden-state features `hidden[(d, layer, pooling)]` (len(rows[d]), H), and head-free signals `signals[d][name]`."""
+
+    points: list[int]
+    layers: list[int]
+    rows: dict[int, np.ndarray]
+    hidden: dict[tuple[int, int, str], np.ndarray]
+    signals: dict[int, dict[str, np.ndarray]]
+
+
+def eligible_at(completion: Sequence[int], d: int, eos_ids: set[int]) -> bool:
+    """A rollout is scored at d if it generated d tokens and had not ended (the trainer's eligibility rule)."""
+    return len(completion) > d or (len(completion) == d and d > 0 and completion[-1] not in eos_ids)
+
+
+def _jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+@torch.no_grad()
+def probe_features(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]],
+                   completion_ids: Sequence[Sequence[int]], groups: Sequence[int], points: Sequence[int],
+                   layers: Sequence[int], eos_ids: set[int], batch_size: int = 8,
+                   progress: bool = True) -> ProbeFeatures:
+    """One teacher-forced forward of prompt + the first max(points) completion tokens per rollout gives, at every
+    point d: the hidden state of `layers` (HF `hidden_states` index; the last one is the decoder's output after its
+    final norm, what the trainer's head reads) at the last token (`last`) and mean-pooled over the d completion
+    tokens (`mean`); the mean log-probability and entropy of the d sampled tokens under the model; and the
+    rollout's agreement with its group (mean Jaccard overlap of its first d tokens with the others')."""
+    from tqdm.auto import tqdm
+
+    points, layers = sorted(int(d) for d in points), [int(x) for x in layers]
+    top = points[-1]
+    n = len(completion_ids)
+    rows = {d: np.array([i for i in range(n) if eligible_at(completion_ids[i], d, eos_ids)], np.int64)
+            for d in points}
+    where = {d: {int(i): j for j, i in enumerate(rows[d])} for d in points}
+    hidden = {(d, layer, pool): np.zeros((len(rows[d]), model.config.hidden_size), np.float32)
+              for d in points for layer in layers for pool in ("last", "mean")}
+    signals = {d: {"mean_logprob": np.zeros(len(rows[d])), "mean_entropy": np.zeros(len(rows[d])),
+                   "group_agreement": np.zeros(len(rows[d]))} for d in points}
+    todo = [i for i in range(n) if any(i in where[d] for d in points)]
+    model.eval()
+    for start in tqdm(range(0, len(todo), batch_size), desc="hidden states", disable=not progress):
+        batch = todo[start:start + batch_size]
+        seqs = [list(prompt_ids[i]) + list(completion_ids[i][:top]) for i in batch]
+        width = max(map(len, seqs))
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, s in enumerate(seqs):  # right padding: positions 0.. as in the rollout itself
+            ids[r, :len(s)], mask[r, :len(s)] = torch.tensor(s), 1
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+        logp = torch.log_softmax(out.logits.float(), -1)
+        for r, i in enumerate(batch):
+            P = len(prompt_ids[i])
+            comp = torch.tensor(list(completion_ids[i][:top]), dtype=torch.long)
+            tok_logp = logp[r, P - 1:P - 1 + len(comp)].gather(-1, comp[:, None]).squeeze(-1)
+            ent = -(logp[r, P - 1:P - 1 + len(comp)].exp() * logp[r, P - 1:P - 1 + len(comp)]).sum(-1)
+            for d in points:
+                j = where[d].get(i)
+                if j is None:
+                    continue
+                for layer in layers:
+                    h = out.hidden_states[layer][r]
+                    hidden[(d, layer, "last")][j] = h[P + d - 1].float().numpy()
+                    hidden[(d, layer, "mean")][j] = h[P:P + d].float().mean(0).numpy()
+                signals[d]["mean_logprob"][j] = float(tok_logp[:d].mean())
+                signals[d]["mean_entropy"][j] = float(ent[:d].mean())
+    groups = np.asarray(groups)
+    for d in points:
+        prefix = [set(completion_ids[i][:d]) for i in range(n)]
+        for j, i in enumerate(rows[d]):
+            mates = [m for m in np.flatnonzero(groups == groups[i]) if m != i]
+            agreement = [_jaccard(prefix[i], prefix[m]) for m in mates]
+            signals[d]["group_agreement"][j] = np.mean(agreement) if agreement else 0.0
+    return ProbeFeatures(points, layers, rows, hidden, signals)
+
+
+def within_group_auc(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> float:
+    """AUC over pairs (positive, negative) of the same group: Σ_g n1_g n0_g AUC_g / Σ_g n1_g n0_g; NaN if no group
+    is mixed."""
+    total = weight = 0.0
+    for g in np.unique(groups):
+        m = groups == g
+        n1 = int(labels[m].sum())
+        n0 = int(m.sum()) - n1
+        if n1 and n0:
+            total += n1 * n0 * binary_auc(scores[m], labels[m])
+            weight += n1 * n0
+    return total / weight if weight else float("nan")
+
+
+def prompt_folds(groups: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Fold index per row, whole prompts to a fold (a held-out prompt is never trained on)."""
+    uniq = np.unique(groups)
+    order = np.random.default_rng(seed).permutation(len(uniq))
+    fold_of = {int(g): int(f % k) for f, g in zip(range(len(uniq)), uniq[order])}
+    return np.array([fold_of[int(g)] for g in groups], np.int64)
+
+
+def fit_head(x: np.ndarray, y: np.ndarray, head_hidden_size: int, weight_decay: float, seed: int,
+             max_epochs: int = 400, lr: float = 1e-3, patience: int = 40) -> torch.nn.Module:
+    """A head on standardised features (`head_hidden_size` 0: a linear probe; else the trainer's 2-layer MLP),
+    AdamW full-batch on binary cross-entropy, early-stopped on a 20% validation slice; the standardisation is
+    folded into its first layer, so it takes raw hidden states."""
+    from ..rollout.quality_head import QualityHead
+
+    g = torch.Generator().manual_seed(seed)
+    X, Y = torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
+    mu, sd = X.mean(0), X.std(0).clamp_min(1e-6)
+    perm = torch.randperm(len(X), generator=g)
+    val, fit = perm[:max(1, len(X) // 5)], perm[max(1, len(X) // 5):]
+    torch.manual_seed(seed)
+    head = (QualityHead(X.shape[1], head_hidden_size) if head_hidden_size else torch.nn.Linear(X.shape[1], 1))
+    first = head.net[0] if head_hidden_size else head
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    Z = (X - mu) / sd
+
+    def logits(rows):
+        out = head(Z[rows])
+        return out if head_hidden_size else out.squeeze(-1)
+
+    best, best_state, waited = float("inf"), None, 0
+    for _ in range(max_epochs):
+        head.train()
+        opt.zero_grad()
+        torch.nn.functional.binary_cross_entropy_with_logits(logits(fit), Y[fit]).backward()
+        opt.step()
+        head.eval()
+        with torch.no_grad():
+            v = float(torch.nn.functional.binary_cross_entropy_with_logits(logits(val), Y[val]))
+        if v < best - 1e-5:
+            best, best_state, waited = v, {k: t.clone() for k, t in head.state_dict().items()}, 0
+        elif (waited := waited + 1) >= patience:
+            break
+    head.load_state_dict(best_state)
+    with torch.no_grad():  # raw features: W (x - mu)/sd + b = (W/sd) x + (b - W mu/sd)
+        first.bias -= (first.weight / sd) @ mu
+        first.weight /= sd
+    return head.eval()
+
+
+def head_logits(head: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        out = head(torch.as_tensor(x, dtype=torch.float32))
+    return out.reshape(-1).double().numpy()
+
+
+def cross_validated_scores(x: np.ndarray, y: np.ndarray, folds: np.ndarray, head_hidden_size: int,
+                           weight_decay: float, seed: int) -> np.ndarray:
+    """Out-of-fold logits: each fold scored by a head trained on the other folds' prompts."""
+    scores = np.full(len(y), np.nan)
+    for f in np.unique(folds):
+        test = folds == f
+        if len(np.unique(y[~test])) < 2:
+            continue
+        head = fit_head(x[~test], y[~test], head_hidden_size, weight_decay, seed + int(f))
+        scores[test] = head_logits(head, x[test])
+    return scores
+
+
+def cross_validated_signal(values: np.ndarray, y: np.ndarray, folds: np.ndarray) -> np.ndarray:
+    """A head-free signal as a score, its direction (higher = more likely correct, or lower) chosen on the other
+    folds' prompts, as a gate would have to choose it before seeing the held-out ones."""
+    scores = np.full(len(y), np.nan)
+    for f in np.unique(folds):
+        test = folds == f
+        auc = binary_auc(values[~test], y[~test])
+        scores[test] = values[test] if not auc < 0.5 else -values[test]
+    return scores
+
+
+def auc_row(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> dict:
+    ok = np.isfinite(scores)
+    return {"auc": binary_auc(scores[ok], labels[ok]), "auc_within_group": within_group_auc(scores[ok], labels[ok],
+                                                                                         groups[ok]),
+            "n": int(ok.sum()), "positives": int(labels[ok].sum())}
