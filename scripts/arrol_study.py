@@ -56,17 +56,23 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def probe_pass(args, model_dir, tokenizer):
+def prompt_pool(args):
+    """The training prompts the probe pass samples: the first `num_prompts` of the dataset's train split."""
+    from trl_alloc.tasks.data import load_prompt_dataset
+
+    ds = load_prompt_dataset(args.dataset, "train", num_builtin=args.num_prompts, seed=args.seed,
+                             levels=args.levels or None)
+    return ds.select(range(min(len(ds), args.num_prompts)))
+
+
+def probe_pass(args, ds, model_dir, tokenizer):
     """k rollouts per prompt from a vLLM engine in this process, with their rewards."""
     from vllm import LLM
 
     from trl_alloc.allocation import SUCCESS_THRESHOLD
     from trl_alloc.evaluation import VLLMEngineBackend, generate_samples, score_samples
-    from trl_alloc.tasks.data import load_prompt_dataset, reward_for_dataset
+    from trl_alloc.tasks.data import reward_for_dataset
 
-    ds = load_prompt_dataset(args.dataset, "train", num_builtin=args.num_prompts, seed=args.seed,
-                             levels=args.levels or None)
-    ds = ds.select(range(min(len(ds), args.num_prompts)))
     llm = LLM(model=model_dir, dtype="float32", gpu_memory_utilization=args.gpu_memory_utilization,
               enforce_eager=True, enable_chunked_prefill=False, seed=args.seed)
     t0 = time.perf_counter()
@@ -95,14 +101,19 @@ def main(argv=None):
     os.makedirs(args.output_dir, exist_ok=True)
     model_dir = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ds = prompt_pool(args)
     if args.probe_file:
         with open(args.probe_file) as f:
             probe = json.load(f)
     else:
-        probe = probe_pass(args, model_dir, tokenizer)
+        probe = probe_pass(args, ds, model_dir, tokenizer)
         with open(os.path.join(args.output_dir, "probe.json"), "w") as f:
             json.dump(probe, f)
     k = probe["k"]
+    wins = (np.asarray(probe["rewards"]) >= probe["success_threshold"]).sum(1)
+    with open(os.path.join(args.output_dir, "probe_counts.json"), "w") as f:  # for train.py --probe_counts
+        json.dump({"prompts": list(ds["prompt"])[:len(wins)], "successes": wins.tolist(),
+                   "failures": (k - wins).tolist()}, f)
     prompt_ids = [p for p in probe["prompt_ids"] for _ in range(k)]
     completion_ids = [c for cs in probe["completion_ids"] for c in cs]
     labels = (np.asarray(probe["rewards"]).reshape(-1) >= probe["success_threshold"]).astype(np.int64)
@@ -152,6 +163,12 @@ def main(argv=None):
         for name, values in feats.signals[d].items():
             add(d, "signal", signal=name, **study.auc_row(study.cross_validated_signal(values, y, f), y, g))
 
+    rates = (wins + 1) / (k + 2)  # each prompt's posterior-mean success rate under the base model
+    settings = [(r, min(b, r * len(rates) * g // 2), g) for r, b, g in ((12, 192, 4), (40, 2560, 8))]
+    results["cero_seeding"] = [study.cero_seeding_effect(rates, probe_k=4, rounds=r, budget=b, group_size=g)
+                               for r, b, g in settings]  # the recipe's run, and a longer one with a binding budget
+    for row in results["cero_seeding"]:
+        print(json.dumps(row), flush=True)
     with open(os.path.join(args.output_dir, "results.json"), "w") as fh:
         json.dump(results, fh, indent=1)
     write_table(results, os.path.join(args.output_dir, "table.md"))

@@ -223,6 +223,15 @@ class CEROScheduler(_BudgetedPacer):
         self.update_duals(z_star)
         self._ranked = None
 
+    def seed_counts(self, successes: ArrayLike, failures: ArrayLike) -> None:
+        """Start from a probe pass's outcomes, before the first round: eq. 5 once with its counts, then ϑ from the
+        posterior's eq. 6 proxy as at initialisation (ϑ = 4 q̂). The probe's responses are not this budget's."""
+        if self.round:
+            raise ValueError("seed_counts seeds the Beta states before the first round; this run has started.")
+        self.beta.update(successes, failures)
+        self.vartheta = 4.0 * self.beta.proxy()
+        self._ranked = None
+
     @property
     def finished(self) -> bool:
         return self.remaining_budget <= 0 or self.round >= self.rounds

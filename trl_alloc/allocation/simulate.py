@@ -32,6 +32,15 @@ class DriftingPool:
         self.trained = np.zeros(num_prompts)
         self.t = 0
 
+    @classmethod
+    def from_rates(cls, rates: np.ndarray, rounds: int, drift: float = 0.0, gain: float = 0.0, group_size: int = 8,
+                   seed: int = 0) -> DriftingPool:
+        """A pool that starts at the given success rates (e.g. a probe pass's); drift = gain = 0 keeps them."""
+        pool = cls(len(rates), rounds, drift=drift, gain=gain, group_size=group_size, seed=seed)
+        p = np.clip(np.asarray(rates, float), 1e-4, 1 - 1e-4)
+        pool.logit0 = np.log(p / (1 - p))
+        return pool
+
     def success_rate(self) -> np.ndarray:
         z = self.logit0 + self.drift * self.t / self.rounds + self.gain * self.trained / self.k
         return 1.0 / (1.0 + np.exp(-z))
@@ -85,11 +94,15 @@ def build_method(method: str, args: Any, reference: list | None = None) -> tuple
     return pacer, filler, settings
 
 
-def simulate(method: str, args: Any, reference: list | None = None) -> tuple[dict, dict[str, list], list | None]:
-    """Run `method` (e.g. 'cero+sara') over `args.rounds` rounds of a `DriftingPool`; returns (summary,
-    per-round record, the pacer's allocation log or None). `args`: plan.py's settings."""
+def simulate(method: str, args: Any, reference: list | None = None, pool: DriftingPool | None = None,
+             seed_counts: tuple | None = None) -> tuple[dict, dict[str, list], list | None]:
+    """Run `method` (e.g. 'cero+sara') over `args.rounds` rounds of a `DriftingPool` (`pool`, else one drawn from
+    `args`); returns (summary, per-round record, the pacer's allocation log or None). `args`: plan.py's settings;
+    `seed_counts`: (successes, failures) per prompt of a probe pass, for a pacer with `seed_counts` (CERO)."""
     pacer, filler, settings = build_method(method, args, reference)
-    pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
+    pool = pool or DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
+    if seed_counts is not None:
+        pacer.seed_counts(*seed_counts)
     k = args.units_per_group * args.unit_size
     rec = {"spend": [], "groups": [], "effective": [], "expected_effective": [], "alloc_ms": []}
     lifts = []

@@ -225,6 +225,31 @@ def prompt_key(prompt):
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
+def load_prompt_counts(path, prompts):
+    """Per-prompt (successes, failures) of a probe pass over the pool `prompts`, from a JSON file with `prompts`,
+    `successes` and `failures` lists (`scripts/arrol_study.py` writes `probe_counts.json`); prompts are matched by
+    text, unmatched ones get zeros. Returns (successes, failures, matched)."""
+    import numpy as np
+
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    missing = [k for k in ("prompts", "successes", "failures") if k not in data]
+    if missing or not len(data["prompts"]) == len(data["successes"]) == len(data["failures"]):
+        raise ValueError(f"{path} is not a probe-counts file: it needs equal-length `prompts`, `successes` and "
+                         f"`failures` lists (missing: {', '.join(missing) or 'none'}); scripts/arrol_study.py writes "
+                         "one as probe_counts.json.")
+    counts = {prompt_key(p): (float(s), float(f)) for p, s, f in zip(data["prompts"], data["successes"],
+                                                                       data["failures"])}
+    rows = [counts.get(prompt_key(p)) for p in prompts]
+    matched = sum(r is not None for r in rows)
+    if not matched:
+        raise ValueError(f"none of the {len(data['prompts'])} prompts in {path} is in this training set: the probe "
+                         "pass must run over the same prompts (same dataset, levels and seed).")
+    s = np.array([r[0] if r else 0.0 for r in rows])
+    f = np.array([r[1] if r else 0.0 for r in rows])
+    return s, f, matched
+
+
 def drop_training_prompts(test, train):
     """`test` without the rows whose prompt is also in `train`."""
     seen = {prompt_key(p) for p in train["prompt"]}

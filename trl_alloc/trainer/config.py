@@ -98,6 +98,10 @@ class AllocGRPOConfig(GRPOConfig):
     knapsack_min_n: int = field(default=2, metadata={"help": "KnapsackRL minimum responses per prompt."})
     knapsack_max_n: int | None = field(default=None, metadata={
         "help": "KnapsackRL maximum responses per prompt. None = 4 × num_generations."})
+    probe_counts: str | None = field(default=None, metadata={
+        "help": "CERO: start each prompt's Beta state from a probe pass's successes and failures (arXiv 2610.09679 "
+        "eq. 5 applied once with them), a JSON file `scripts/arrol_study.py` writes (`probe_counts.json`, prompts "
+        "matched by text). The probe's responses are not counted in `rollout_budget`."})
 
     # SARA ("Early Verdicts, Better Budgets") and DAPO's dynamic sampling (docs/allocation.md#baselines)
     target_groups: int | None = field(default=None, metadata={
@@ -206,6 +210,13 @@ class AllocGRPOConfig(GRPOConfig):
             setattr(self, f"{stage}_kwargs", kwargs)
         self._check_pruning()
         self._check_types()
+        if self.probe_counts is not None:
+            if not hasattr(method_class("pacing", self.pacing), "seed_counts"):
+                raise ValueError(f"probe_counts seeds CERO's Beta states; pacing={self.pacing!r} keeps none. Use "
+                                 "pacing='cero' (or a CERO ablation), or drop probe_counts.")
+            if not os.path.isfile(self.probe_counts):
+                raise ValueError(f"probe_counts={self.probe_counts!r} is not a file; give the probe_counts.json "
+                                 "that scripts/arrol_study.py wrote.")
         if self.steps_per_generation % self.gradient_accumulation_steps:
             raise ValueError(
                 f"a round is a whole number of optimizer steps, so `steps_per_generation` "
@@ -407,7 +418,8 @@ PARAMETER_GROUPS = {
                           "success_threshold", "no_signal_warning_rounds", "allocation_seed"),
     "CERO (arXiv 2610.09679) and the pacing baselines": (
         "unit_size", "max_units", "round_capacity", "saturation", "forgetting", "prior_alpha", "prior_beta",
-        "init_price", "step_size", "catch_up", "random_matched_reference", "knapsack_min_n", "knapsack_max_n"),
+        "init_price", "step_size", "catch_up", "random_matched_reference", "knapsack_min_n", "knapsack_max_n",
+        "probe_counts"),
     "SARA (\"Early Verdicts, Better Budgets\") and DAPO's dynamic sampling": (
         "target_groups", "probe", "tau_low", "commit_min", "sara_safety_factor", "history_decay",
         "max_generation_batches"),

@@ -42,7 +42,7 @@ from ..allocation.allocator import Allocator, round_log_file
 from ..allocation.factory import resolve_num_rounds
 from ..reporting.hub import HubMixin
 from ..rollout.pruning import build_pruner
-from ..tasks.data import check_prompt_lengths
+from ..tasks.data import check_prompt_lengths, load_prompt_counts
 from .checkpointing import CheckpointMixin
 from .config import AllocDAPOConfig, AllocGRPOConfig
 from .generation import RequestGenerationMixin
@@ -177,6 +177,12 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         # the allocator: pacer, filler, pruner (ARROL / random pruning, arXiv 2603.24840; None for 'none')
         self.allocator = Allocator.from_config(args, num_prompts, self.num_rounds, plan=self.run_plan,
                                                    pruner=build_pruner(args, self.model.config))
+        if args.probe_counts:  # CERO's Beta states from a probe pass (arXiv 2610.09679 eq. 5 with its counts)
+            successes, failures, matched = load_prompt_counts(args.probe_counts, self.train_dataset["prompt"])
+            self.allocator.pacer.seed_counts(successes, failures)
+            if self.accelerator.is_main_process:
+                print(f"[trl-alloc] CERO starts from {args.probe_counts}: {matched} of {num_prompts} prompts seeded "
+                      f"with {int(successes.sum() + failures.sum())} probe responses (not in the budget).")
         if self.accelerator.is_main_process:  # the round log is written by the main process only
             self.allocator.round_log_path = self.round_log_path
         self._rounds_this_session = 0
