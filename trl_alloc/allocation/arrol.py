@@ -218,7 +218,7 @@ class AUCGate:
     >= `min_auc` and Mann-Whitney's one-sided test rejects AUC = 0.5 at level `alpha` (so a few lucky rollouts
     cannot open it). `min_auc = 0` disables the gate (always open)."""
 
-    def __init__(self, min_auc: float = 0.6, window: int = 512, min_per_class: int = 16, alpha: float = 0.001) -> None:
+    def __init__(self, min_auc: float = 0.7, window: int = 512, min_per_class: int = 16, alpha: float = 0.001) -> None:
         self.min_auc = float(min_auc)
         if not 0 <= self.min_auc <= 1:
             raise ValueError(f"`min_auc` must lie in [0, 1] (0 turns the gate off), got {min_auc!r}.")
@@ -290,7 +290,7 @@ class ARROLPruning:
 
     def __init__(self, keep_ratio: float = 0.5, target_ratio: float = 0.5, slope: float = 0.5, p_min: float = 0.1,
                  p_max: float = 0.9, cold_start_rounds: int = 20, calibration_bins: int = 10,
-                 calibration_buffer: int = 2048, calibration_alpha: float = 1.0, min_auc: float = 0.6,
+                 calibration_buffer: int = 2048, calibration_alpha: float = 1.0, min_auc: float = 0.7,
                  heldout_fraction: float = 0.2, gate_window: int = 512, seed: int = 0) -> None:
         self.survival = dict(keep_ratio=keep_ratio, target_ratio=target_ratio, slope=slope, p_min=p_min, p_max=p_max)
         self.cold_start_rounds = check_int("cold_start_rounds", cold_start_rounds, minimum=0)

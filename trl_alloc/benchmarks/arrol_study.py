@@ -243,3 +243,34 @@ def cero_seeding_effect(rates: np.ndarray, probe_k: int, rounds: int, budget: in
     out["responses_per_effective_group"] = {"unseeded": budget / eff["unseeded"],
                                             "seeded, probe counted": (budget + out["probe_responses"]) / eff["seeded"]}
     return out
+
+
+def pruning_at_auc(auc: float, rate: float, group_size: int = 8, keep_ratio: float = 0.5, slope: float = 0.5,
+                   groups: int = 20000, seed: int = 0) -> dict:
+    """What ARROL's survival rule (arXiv 2603.24840, eq. 3 with calibrated q) does with a head of a given AUC:
+    binormal scores (logit = d·label + N(0, 1), AUC = Φ(d/√2)) for groups of `group_size` rollouts that succeed
+    with probability `rate`, the real `ScoreCalibrator` and `survival_probabilities`. Returns the survivors'
+    positive ratio over `rate` (the lift) and the share of groups still mixed among survivors, against pruning at
+    random with the same keep ratio."""
+    from scipy.stats import norm
+
+    from ..allocation.arrol import ScoreCalibrator, sample_survivors, survival_probabilities
+
+    rng = np.random.default_rng(seed)
+    d = np.sqrt(2) * norm.ppf(auc)
+    labels = rng.random((groups, group_size)) < rate
+    logits = d * labels + rng.normal(size=labels.shape)
+    calibrator = ScoreCalibrator(buffer_size=labels.size)
+    calibrator.update(logits.ravel(), labels.ravel())
+    q = calibrator.calibrate(logits.ravel()).reshape(labels.shape)
+    keep = np.stack([sample_survivors(survival_probabilities(qg, keep_ratio, 0.5, slope), rng) for qg in q])
+    coin = rng.random(labels.shape) < keep_ratio
+
+    def figures(kept):
+        pos = (labels & kept).sum(1)
+        return float(pos.sum() / kept.sum() / rate), float(np.mean((pos > 0) & (pos < kept.sum(1))))
+
+    (lift, mixed), (coin_lift, coin_mixed) = figures(keep), figures(coin)
+    before = float(np.mean((labels.sum(1) > 0) & (labels.sum(1) < group_size)))
+    return {"auc": auc, "rate": rate, "lift": lift, "mixed_after": mixed, "mixed_before": before,
+            "random_lift": coin_lift, "random_mixed_after": coin_mixed}

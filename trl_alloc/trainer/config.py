@@ -177,7 +177,7 @@ class AllocGRPOConfig(GRPOConfig):
         "help": "Sliding buffer of completed rollouts (bin, label) behind the calibrator's per-bin counts."})
     calibration_alpha: float = field(default=1.0, metadata={
         "help": "Laplace smoothing α of the calibrator's per-bin counts."})
-    pruning_min_auc: float = field(default=0.6, metadata={
+    pruning_min_auc: float = field(default=0.7, metadata={
         "help": "ARROL's gate (docs/arrol.md, 'The gate'): prune only while the quality head's AUC on held-out "
         "rollouts is at least this (and significantly above 0.5, one-sided p <= 0.001); otherwise rollouts run to the "
         "end. 0 turns the gate off. Not in the paper: at small scale the head can rank no better than a coin."})
