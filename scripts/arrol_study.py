@@ -162,6 +162,17 @@ def main(argv=None):
                     **study.auc_row(s, y, g))
         for name, values in feats.signals[d].items():
             add(d, "signal", signal=name, **study.auc_row(study.cross_validated_signal(values, y, f), y, g))
+        # the trainer's online head replayed over held-out prompts (fold 0, in prompt order, 48 rollouts a round),
+        # from a fresh head and from one pretrained on the other folds' prompts (quality_head_init)
+        x, test = feats.hidden[(d, n_layers, "last")], f == 0
+        order = np.flatnonzero(test)
+        pretrained = study.fit_head(x[~test], y[~test], default_size, default_wd, args.seed)
+        for start, init in (("fresh", None), ("pretrained", pretrained)):
+            s = study.online_replay(x, y, order, per_round=48, init=init, seed=args.seed)
+            half = len(order) // 2
+            add(d, "online", start=start, **study.auc_row(s, y[order], g[order]),
+                first_half=study.auc_row(s[:half], y[order][:half], g[order][:half])["auc"],
+                second_half=study.auc_row(s[half:], y[order][half:], g[order][half:])["auc"])
 
     rates = (wins + 1) / (k + 2)  # each prompt's posterior-mean success rate under the base model
     settings = [(r, min(b, r * len(rates) * g // 2), g) for r, b, g in ((12, 192, 4), (40, 2560, 8))]
@@ -191,6 +202,8 @@ def main(argv=None):
 
 
 def _name(r):
+    if r["kind"] == "online":
+        return f"online head as trained in the trainer, {r['start']}"
     if r["kind"] == "signal":
         return f"signal: {r['signal']}"
     size = "linear" if r["head_hidden_size"] == 0 else f"MLP {r['head_hidden_size']}"
@@ -224,12 +237,12 @@ def plot(results, path):
     for ax, key, title in ((axes[0], "auc", "pooled"), (axes[1], "auc_within_group", "within a prompt's group")):
         by = {}
         for r in results["rows"]:
-            if r["kind"] == "signal" or r["head_hidden_size"] == 256:
+            if r["kind"] != "head" or r["head_hidden_size"] == 256:
                 by.setdefault(_name(r), []).append((r["point"], r[key]))
         for name, pts in by.items():
             pts.sort()
             ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=name,
-                    linestyle="--" if name.startswith("signal") else "-")
+                    linestyle="--" if name.startswith("signal") else ":" if name.startswith("online") else "-")
         ax.axhline(0.5, color="grey", lw=0.8)
         ax.axhline(0.7, color="grey", lw=0.8, ls=":")
         ax.set_title(f"held-out AUC, {title}")

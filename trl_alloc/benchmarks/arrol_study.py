@@ -274,3 +274,32 @@ def pruning_at_auc(auc: float, rate: float, group_size: int = 8, keep_ratio: flo
     before = float(np.mean((labels.sum(1) > 0) & (labels.sum(1) < group_size)))
     return {"auc": auc, "rate": rate, "lift": lift, "mixed_after": mixed, "mixed_before": before,
             "random_lift": coin_lift, "random_mixed_after": coin_mixed}
+
+
+def online_replay(x: np.ndarray, y: np.ndarray, order: np.ndarray, per_round: int, init: torch.nn.Module | None = None,
+                  head_hidden_size: int = 256, lr: float = 1e-3, seed: int = 0) -> np.ndarray:
+    """The trainer's online head on the probe's rollouts: rounds of `per_round` rollouts in `order`, each scored
+    before the head trains on it, then one Adam step of BCE on the round (`RolloutPruner.end_round`). `init`: a
+    pretrained head to start from (`quality_head_init`), else a fresh one seeded as the trainer seeds it. Returns
+    the per-rollout prequential logits in `order`."""
+    from ..rollout.quality_head import QualityHead
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = QualityHead(x.shape[1], head_hidden_size)
+    if init is not None:
+        head.load_state_dict(init.state_dict())
+    opt = torch.optim.Adam(head.parameters(), lr=lr)
+    out = np.zeros(len(order))
+    for start in range(0, len(order), per_round):
+        rows = order[start:start + per_round]
+        feats = torch.as_tensor(x[rows], dtype=torch.float32)
+        head.eval()
+        with torch.no_grad():
+            out[start:start + len(rows)] = head(feats).double().numpy()
+        head.train()
+        opt.zero_grad()
+        torch.nn.functional.binary_cross_entropy_with_logits(
+            head(feats), torch.as_tensor(y[rows], dtype=torch.float32)).backward()
+        opt.step()
+    return out
