@@ -1,4 +1,5 @@
-"""Every public function and method of the allocation and rollout layers carries type hints, no module excluded.
+"""Every public function and method of the allocation, rollout, reporting, cli, benchmarks and trainer layers carries
+type hints, no module excluded.
 
 Read with `ast` (nothing is imported): a public function or method (its name does not start with "_") must annotate
 each parameter (self / cls excepted) and its return; `__init__` of a public class must annotate its parameters (its
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_alloc"
-LAYERS = ("allocation", "rollout")
+LAYERS = ("allocation", "rollout", "reporting", "cli", "benchmarks", "trainer")
 # Not checked yet (none now; a module added here must say why)
 EXCLUDED = frozenset()
 
@@ -61,7 +62,9 @@ def _missing_hints(path):
 def test_the_checked_modules_exist():
     assert all((PACKAGE / path).is_file() for path in EXCLUDED), "an excluded module is gone: drop it from EXCLUDED"
     names = {path.relative_to(PACKAGE).as_posix() for path in checked_modules()}
-    assert {"allocation/allocator.py", "allocation/sara.py", "rollout/backends.py", "rollout/drivers.py"} <= names
+    assert {"allocation/allocator.py", "allocation/sara.py", "rollout/backends.py", "rollout/drivers.py",
+            "reporting/hub.py", "cli/train.py", "benchmarks/rollout.py", "trainer/grpo.py",
+            "trainer/config.py"} <= names
 
 
 @pytest.mark.parametrize("path", checked_modules(), ids=lambda p: p.relative_to(PACKAGE).as_posix())

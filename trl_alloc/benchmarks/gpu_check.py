@@ -10,9 +10,18 @@ every prompt is near p = 0.5 and SARA sees mixed groups as it would mid-run on a
     python scripts/gpu_check.py --shape tiny --cpu --rounds 2            # a smoke run anywhere
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from datasets import Dataset
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SHAPES = {  # architecture fields of the public configs (no weights): random init at that size
     "smollm2-135m": dict(arch="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -27,7 +36,7 @@ SHAPES = {  # architecture fields of the public configs (no weights): random ini
 METHODS = {"stock": ("uniform", "full"), "cero_sara": ("cero", "sara")}
 
 
-def random_model(shape, tokenizer, dtype):
+def random_model(shape: str, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype) -> PreTrainedModel:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -41,12 +50,13 @@ def random_model(shape, tokenizer, dtype):
     return model_cls(config).to(dtype)
 
 
-def even_length_reward(completions, **kwargs):
+def even_length_reward(completions: list[str], **kwargs: Any) -> list[float]:
     """1 when the completion has an even number of characters: p ≈ 0.5 for every prompt."""
     return [float(len(c) % 2 == 0) for c in completions]
 
 
-def run_method(method, args, tokenizer, dataset):
+def run_method(method: str, args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase,
+               dataset: Dataset) -> dict[str, Any]:
     import torch
 
     from ..trainer import AllocGRPOConfig, AllocGRPOTrainer
@@ -80,7 +90,7 @@ def run_method(method, args, tokenizer, dataset):
             "device": torch.cuda.get_device_name(0) if cuda else "cpu"}
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
     p.add_argument("--rounds", type=int, default=6)

@@ -1,8 +1,20 @@
 """Shared pieces of the benchmark scripts (`scripts/bench*.py`) and the trainer tests."""
 
+from __future__ import annotations
 
-def cpu_run_kwargs(output_dir, batch, num_generations, max_completion_length, seed, learning_rate=1e-4,
-                   temperature=1.0, **extra):
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
+
+    from transformers import TrainerCallback
+
+    from ..trainer.grpo import AllocGRPOTrainer
+
+
+def cpu_run_kwargs(output_dir: str, batch: int, num_generations: int, max_completion_length: int, seed: int,
+                   learning_rate: float = 1e-4, temperature: float = 1.0, **extra: Any) -> dict[str, Any]:
     """GRPOConfig keyword arguments every CPU benchmark run shares (stock TRL and trl-alloc alike)."""
     return dict(output_dir=output_dir, per_device_train_batch_size=batch, num_generations=num_generations,
                 max_completion_length=max_completion_length, temperature=temperature, learning_rate=learning_rate,
@@ -11,7 +23,7 @@ def cpu_run_kwargs(output_dir, batch, num_generations, max_completion_length, se
                 disable_tqdm=True, **extra)
 
 
-def parse_choices(parser, text, choices, what):
+def parse_choices(parser: argparse.ArgumentParser, text: str, choices: Collection[str], what: str) -> list[str]:
     """A comma-separated subset of `choices`, or a parser error naming the unknown ones."""
     picked = [c.strip() for c in text.split(",") if c.strip()]
     unknown = [c for c in picked if c not in choices]
@@ -20,12 +32,12 @@ def parse_choices(parser, text, choices, what):
     return picked
 
 
-def check_batch(parser, args):
+def check_batch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.batch % args.num_generations:
         parser.error(f"--batch ({args.batch}) must be a multiple of --num_generations ({args.num_generations})")
 
 
-def quiet():
+def quiet() -> None:
     """Silence library warnings and info logs so benchmark output is the figures only."""
     import logging
     import warnings
@@ -38,7 +50,7 @@ def quiet():
     hf_logging.set_verbosity_error()
 
 
-def step_timer():
+def step_timer() -> TrainerCallback:
     """A TrainerCallback recording each optimizer step's wall-clock (`steps`) and CPU time (`cpu`)."""
     import time
 
@@ -67,7 +79,7 @@ class RoundRecorder:
     are skipped. Stock TRL scores one generation batch per step, so `per_call=True` makes each
     reward call a round; trl-alloc's trainers call `new_round()` at the start of each round (`round_start_hooks`)."""
 
-    def __init__(self, prompts):
+    def __init__(self, prompts: Sequence[str | list[dict[str, Any]]]) -> None:
         from ..tasks.data import prompt_key
 
         self.index = {}
@@ -76,10 +88,10 @@ class RoundRecorder:
         self.num_prompts = len(prompts)
         self.rounds = []  # per round: {prompt index: [rewards]}
 
-    def new_round(self):
+    def new_round(self) -> None:
         self.rounds.append({})
 
-    def wrap(self, reward, per_call=False):
+    def wrap(self, reward: Callable[..., list[float]], per_call: bool = False) -> Callable[..., list[float]]:
         from ..tasks.data import prompt_key
 
         def recorded(prompts, completions, completion_ids=None, **kwargs):
@@ -96,12 +108,13 @@ class RoundRecorder:
         recorded.__name__ = getattr(reward, "__name__", "reward")
         return recorded
 
-    def record_rounds_of(self, trainer):
+    def record_rounds_of(self, trainer: AllocGRPOTrainer) -> None:
         """Start a new round whenever a trl-alloc trainer starts one (its `round_start_hooks`)."""
         trainer.round_start_hooks.append(self.new_round)
 
 
-def selection_figures(rounds, num_prompts, bins=5, variance_bins=5):
+def selection_figures(rounds: Iterable[dict[int, list[float]]], num_prompts: int, bins: int = 5,
+                      variance_bins: int = 5) -> dict[str, Any]:
     """How a run chose prompts, judged by one method-independent observer: a Beta(1, 1) state per
     prompt (eq. 5, no forgetting) fed every observed reward (`allocation.is_success`: reward >= 0.5).
 

@@ -7,10 +7,18 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..allocation.allocator import json_default
 from ..allocation.registry import method_class
 from .measure import RoundRecorder, cpu_run_kwargs, selection_figures
+
+if TYPE_CHECKING:
+    import argparse
+
+    from datasets import Dataset
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # name -> (label, AllocGRPOConfig stage fields or None for stock TRL); any other 'pacing+filling' also runs
 # (`method_recipe`)
@@ -34,7 +42,7 @@ PRUNING_METHODS = ("cero_sara_arrol", "cero_sara_random")
 
 
 
-def method_recipe(name):
+def method_recipe(name: str) -> tuple[str, dict[str, Any] | None]:
     """(label, stage fields or None for stock TRL) of bench method `name`: a recipe of `METHODS`, or any registered
     stages written 'pacing+filling' (e.g. 'greso+dynamic_sampling'; 'cero' alone: full groups)."""
     if name in METHODS:
@@ -46,7 +54,7 @@ def method_recipe(name):
     return name, stages
 
 
-def replayed_method(name):
+def replayed_method(name: str) -> str | None:
     """The bench method whose allocation state `name` replays (`RandomMatched.replays`), or None."""
     stages = method_recipe(name)[1]
     return None if stages is None else getattr(method_class("pacing", stages["pacing"]), "replays", None)
@@ -71,7 +79,9 @@ def _counting_reward(reward, k, log):
     return counted
 
 
-def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_state=None):
+def run_method(method: str, seed: int, opts: argparse.Namespace, model_dir: str, dataset: Dataset,
+               reward: Callable[..., list[float]], run_dir: str, cero_state: str | None = None
+               ) -> tuple[dict[str, Any], PreTrainedModel, PreTrainedTokenizerBase]:
     """Train `method` from `model_dir` with `seed`; return its figures (history, wall-clock, model)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -131,7 +141,8 @@ def run_method(method, seed, opts, model_dir, dataset, reward, run_dir, cero_sta
     return out, model, tokenizer
 
 
-def evaluate_model(model, tokenizer, test_ds, reward, opts, seed):
+def evaluate_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, test_ds: Dataset,
+                   reward: Callable[..., list[float]], opts: argparse.Namespace, seed: int) -> dict[str, float]:
     from ..evaluation import TransformersBackend, answer_spec, evaluate
 
     backend = TransformersBackend(model, tokenizer, batch_size=256)
@@ -144,7 +155,7 @@ def evaluate_model(model, tokenizer, test_ds, reward, opts, seed):
     return {"avg": m["avg"], "pass": m["pass"], "maj": m["maj"]}
 
 
-def run_figures(run, budget, planned_rounds):
+def run_figures(run: dict[str, Any], budget: int, planned_rounds: int) -> dict[str, Any]:
     """Per-run scalars from the per-round history."""
     import numpy as np
 
@@ -178,7 +189,7 @@ SCALARS = ("avg", "pass", "egr", "responses_per_eff", "tokens_per_eff", "wall_s"
            "survivor_positive_ratio", "head_auc", "seconds_per_eff")
 
 
-def summarise(runs, methods):
+def summarise(runs: list[dict[str, Any]], methods: Iterable[str]) -> dict[str, dict[str, Any]]:
     import math
 
     by_seed = {}

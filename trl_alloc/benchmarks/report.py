@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .methods import METHODS, PRUNING_METHODS, method_recipe
+
+if TYPE_CHECKING:
+    import argparse
+
 
 def _fmt(v, spec, scale=1.0, sign=False):
     if v is None:
@@ -15,7 +21,8 @@ def _fmt(v, spec, scale=1.0, sign=False):
     return s + (f" ± {std * scale:{spec}}" if std else "")
 
 
-def markdown_table(rows, opts, start=None):
+def markdown_table(rows: dict[str, dict[str, Any]], opts: argparse.Namespace,
+                   start: dict[str, tuple[float, float]] | None = None) -> str:
     k = opts.eval_k
     head = (f"| method | seeds | avg@{k} % | pass@{k} % | Δavg@{k} vs start (pp) | Δavg@{k} vs stock (pp) | "
             f"Δpass@{k} vs stock (pp) | "
@@ -55,7 +62,8 @@ def markdown_table(rows, opts, start=None):
     return "\n".join(lines) + "\n" + note
 
 
-def plots(runs, rows, methods, out_dir, opts):
+def plots(runs: list[dict[str, Any]], rows: dict[str, dict[str, Any]], methods: Sequence[str], out_dir: str,
+          opts: argparse.Namespace) -> dict[str, str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,7 +169,7 @@ def plots(runs, rows, methods, out_dir, opts):
     return paths
 
 
-def load_earlier_run(path):
+def load_earlier_run(path: str) -> dict[str, Any]:
     """A finished run's bench.json, or a SystemExit naming what is wrong with it."""
     try:
         with open(path, encoding="utf-8") as f:

@@ -8,8 +8,12 @@ The policy stays fixed; `train_s` stands in for the trainer's step after each ro
 rounds wait for it (the engine idles), a stream (`rollout.drivers.StreamDriver`) keeps generating through it.
 """
 
+from __future__ import annotations
+
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import requests
@@ -20,6 +24,14 @@ from ..allocation.event_rounds import BatchedEventRound
 from ..rollout.backends import VLLMServerRollouts
 from ..rollout.pruning import RolloutPruner
 from ..rollout.drivers import StreamDriver, run_round
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+    from ..rollout.backends import Rollout
+    from ..rollout.colocate import VLLMColocateRollouts
+    from ..rollout.quality_head import QualityHead
+    from ..trainer.config import AllocGRPOConfig
 
 ARROL = {"pruning": "arrol", "pruning_min_auc": 0.0}  # the paper's ARROL: prune from the cold start's end
 # name -> (pacing, filling, rollout mode: "sync" | "events" | "stream", other config fields)
@@ -45,14 +57,15 @@ class ServerBackend:
 
     colocate = False
 
-    def __init__(self, base_url):
+    def __init__(self, base_url: str) -> None:
         self.base_url = base_url
 
-    def rollouts(self, config, window, quality_head=None):
+    def rollouts(self, config: AllocGRPOConfig, window: int,
+                 quality_head: QualityHead | None = None) -> VLLMServerRollouts:
         return VLLMServerRollouts(self.base_url, temperature=config.temperature, top_p=config.top_p,
                                   max_inflight=window, request_timeout=600, quality_head=quality_head)
 
-    def monitor(self, window):
+    def monitor(self, window: int) -> EngineMonitor:
         return EngineMonitor(self.base_url, window)
 
 
@@ -62,16 +75,17 @@ class ColocateBackend:
 
     colocate = True
 
-    def __init__(self, llm):
+    def __init__(self, llm: LLM) -> None:
         self.llm = llm
 
-    def rollouts(self, config, window, quality_head=None):
+    def rollouts(self, config: AllocGRPOConfig, window: int,
+                 quality_head: QualityHead | None = None) -> VLLMColocateRollouts:
         from ..rollout.colocate import VLLMColocateRollouts
 
         return VLLMColocateRollouts(self.llm, temperature=config.temperature, top_p=config.top_p,
                                     quality_head=quality_head)
 
-    def monitor(self, window):
+    def monitor(self, window: int) -> _NoMonitor:
         return _NoMonitor()
 
 
@@ -89,7 +103,7 @@ class EngineMonitor:
     """Samples the server's running-request gauge every `period` s while active: `idle` is the share of
     samples with nothing running, `occupancy` the mean running requests over `slots`."""
 
-    def __init__(self, base_url, slots, period=0.1):
+    def __init__(self, base_url: str, slots: int, period: float = 0.1) -> None:
         self.url, self.slots, self.period = base_url.rstrip("/") + "/metrics", int(slots), period
         self.samples, self._stop, self._thread = [], threading.Event(), None
         self.active = False  # sample only while a round runs
@@ -117,15 +131,17 @@ class EngineMonitor:
         self._thread.join()
 
     @property
-    def idle(self):
+    def idle(self) -> float:
         return float(np.mean(np.asarray(self.samples) == 0)) if self.samples else float("nan")
 
     @property
-    def occupancy(self):
+    def occupancy(self) -> float:
         return float(np.mean(self.samples) / self.slots) if self.samples else float("nan")
 
 
-def run_rounds(method, config, backend, prompt_ids_of, score, rounds, num_prompts, hidden_size=None, train_s=0.0):
+def run_rounds(method: str, config: AllocGRPOConfig, backend: ServerBackend | ColocateBackend,
+               prompt_ids_of: Callable[[int], Sequence[int]], score: Callable[[Rollout], float], rounds: int,
+               num_prompts: int, hidden_size: int | None = None, train_s: float = 0.0) -> dict[str, Any]:
     """`rounds` rounds of `method` (a ROLLOUT_METHODS name) on `backend` (`ServerBackend` or `ColocateBackend`); the
     policy stays fixed.
 
@@ -250,7 +266,8 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
             "completed": completed}
 
 
-def measure_step_time(base_url, prompt_ids, running=(1, 8, 16, 32, 64), tokens=48):
+def measure_step_time(base_url: str, prompt_ids: Sequence[int], running: Iterable[int] = (1, 8, 16, 32, 64),
+                      tokens: int = 48) -> dict[str, Any]:
     """Seconds of one decode step with n rollouts running on the live server: n streamed requests of exactly
     `tokens` tokens (EOS ignored) at once, wall seconds / tokens (one prefill included), after one warm-up
     request; then the non-negative least-squares line a + b·n that
@@ -274,7 +291,8 @@ def measure_step_time(base_url, prompt_ids, running=(1, 8, 16, 32, 64), tokens=4
     return {"points": points, "a_s": float(a), "b_s": float(b)}
 
 
-def predict_rounds(method, config, result, step, rounds, num_prompts, train_s=0.0, seed=0):
+def predict_rounds(method: str, config: AllocGRPOConfig, result: dict[str, Any], step: tuple[float, float],
+                   rounds: int, num_prompts: int, train_s: float = 0.0, seed: int = 0) -> dict[str, float]:
     """The engine model's s/round for a measured run of `method` (same configuration, window and rounds): rollout
     lengths drawn from the run's completed rollouts, each prompt's success at its observed rate (the run's mean
     for prompts it never scored), decode steps of `step` = (a, b) seconds (`measure_step_time`)."""
@@ -324,7 +342,7 @@ def predict_rounds(method, config, result, step, rounds, num_prompts, train_s=0.
     return {"s_per_round": float(np.mean(seconds)) if seconds else float("nan"), "rounds": len(seconds)}
 
 
-def summarise(result):
+def summarise(result: dict[str, Any]) -> dict[str, Any]:
     """Totals and per-effective-group figures of one method's rounds."""
     r = result["rounds"]
     eff = sum(x["effective_groups"] for x in r)

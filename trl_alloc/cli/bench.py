@@ -50,6 +50,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from ..allocation.allocator import json_default
 from ..benchmarks.report import load_earlier_run, markdown_table, plots
@@ -62,7 +64,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def parse_args(argv=None):
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
@@ -124,7 +126,7 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     opts = parse_args(argv)
     quiet()
     import torch

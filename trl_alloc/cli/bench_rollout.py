@@ -35,21 +35,32 @@ score difference.
     python scripts/bench_rollout.py --backend colocate   # TRL's colocate engine in this process (one GPU's way)
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
 import tempfile
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..allocation.allocator import json_default
 from ..benchmarks.measure import parse_choices
 from ..benchmarks.rollout import (ROLLOUT_METHODS, ColocateBackend, ServerBackend, measure_step_time, predict_rounds,
                                   run_rounds, summarise)
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+    from vllm import LLM
+
+    from ..trainer.config import AllocGRPOConfig
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def parse_args(argv=None):
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="a registered model name or a local folder")
     p.add_argument("--dataset", default="builtin:arithmetic-chat")
@@ -84,7 +95,7 @@ def parse_args(argv=None):
     return args
 
 
-def method_config(method, args, out):
+def method_config(method: str, args: argparse.Namespace, out: str) -> AllocGRPOConfig:
     from ..allocation.registry import method_class
     from ..trainer.config import AllocGRPOConfig
 
@@ -102,7 +113,7 @@ def method_config(method, args, out):
                            max_staleness=args.max_staleness, sara_overcommit=args.sara_overcommit, **fields)
 
 
-def table(results):
+def table(results: dict[str, dict[str, Any]]) -> str:
     head = ("| method | s/round | responses | aborted | pruned | carried | eff. groups | responses/eff | tokens/eff | "
             "s/eff | engine idle | occupancy |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = [f"| {m} | {s['s_per_round']:.1f} | {s['responses']} | {s['aborted']} | {s['pruned']} | {s['carried']} | "
@@ -112,7 +123,8 @@ def table(results):
     return head + "\n".join(rows) + "\n"
 
 
-def compare_scoring(model_dir, snaps, last_round, head_state, pad_id):
+def compare_scoring(model_dir: str, snaps: list[dict[str, Any]], last_round: dict[str, Any],
+                    head_state: dict[str, torch.Tensor], pad_id: int) -> dict[str, float]:
     """The two ARROL scoring paths on the same snapshots: s per scored rollout (engine: the worker's hook plus
     collecting its scores; trainer: `last_hidden_states` of prompt + partial, batches of 8) and the largest score
     difference."""
@@ -134,7 +146,7 @@ def compare_scoring(model_dir, snaps, last_round, head_state, pad_id):
             "trainer_s_per_scored": trainer_s / len(snaps), "max_abs_score_diff": float(diff.max())}
 
 
-def colocate_llm(model_dir, tok, args):
+def colocate_llm(model_dir: str, tok: PreTrainedTokenizerBase, args: argparse.Namespace) -> LLM:
     """The `vllm.LLM` TRL's colocate mode builds (`trl.generation.vllm_generation.VLLMGeneration`), on this device."""
     import torch
     from accelerate import Accelerator
@@ -152,7 +164,7 @@ def colocate_llm(model_dir, tok, args):
     return vllm_generation.llm
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     import contextlib
 
     from transformers import AutoConfig, AutoTokenizer

@@ -17,13 +17,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from trl_alloc.evaluation import EvalResult
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TASK_DEFAULT_TOKENS = {"arithmetic": 16, "countdown": 32}
 
 
-def parse_args(argv=None):
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="tiny", help="model directory, Hub id, a registered name "
                    "(smollm2-135m-instruct, trl_alloc.tasks.models) or `tiny` (the embedded tiny model of "
@@ -75,7 +82,8 @@ def _slug(text):
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text.strip("/").split("/")[-1]) or "model"
 
 
-def load_head(path, model, tokenizer, at, device):
+def load_head(path: str, model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, at: str,
+              device: str) -> tuple[Callable[..., list[float]] | None, str | None]:
     """(score_fn, note): a head-scoring function, or None and why it was skipped."""
     from trl_alloc.evaluation import head_score_fn
 
@@ -94,7 +102,7 @@ def load_head(path, model, tokenizer, at, device):
     return head_score_fn(head, model, tokenizer, at=at, device=device), None
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> EvalResult:
     args = parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -12,6 +12,8 @@ refused.
 Options before `--` are `accelerate launch`'s; those after it are train.py's (without `--`, all are train.py's).
 """
 
+from __future__ import annotations
+
 import faulthandler
 import io
 import json
@@ -20,7 +22,8 @@ import stat
 import subprocess
 import sys
 import tempfile
-from typing import TextIO
+from collections.abc import Sequence
+from typing import NoReturn, TextIO
 
 OUTCOME_ENV = "TRL_ALLOC_OUTCOME_FILE"  # where the main process of train.py writes its outcome (cli/train.py)
 _quoted: list[TextIO] = []  # the stderr pipe `accelerate launch` quotes, kept for train.py's last message
@@ -68,7 +71,7 @@ def finish(message: str, status: int | None = None) -> None:
             json.dump({"status": int(status), "message": message}, f)
 
 
-def split_args(argv):
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """(accelerate launch's options, train.py's arguments), split at the first `--`."""
     if "--" in argv:
         cut = argv.index("--")
@@ -76,7 +79,7 @@ def split_args(argv):
     return [], list(argv)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> NoReturn:
     launch_args, train_args = split_args(sys.argv[1:] if argv is None else list(argv))
     if any(not a.startswith("-") for a in launch_args[:1]):
         sys.exit(f"trl-alloc-launch: {launch_args[0]!r} is not an `accelerate launch` option; put train.py's "

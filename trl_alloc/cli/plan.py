@@ -20,9 +20,13 @@ runs past a round's groups. The --engine_prune methods run once more with prunin
 selection).
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +34,7 @@ from trl_alloc.allocation.registry import method_class
 from trl_alloc.allocation.simulate import simulate
 
 
-def plot(results, args, path):
+def plot(results: dict[str, tuple[dict[str, Any], dict[str, list]]], args: argparse.Namespace, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -57,7 +61,7 @@ def plot(results, args, path):
     fig.savefig(path, dpi=110)
 
 
-def engine_table(args):
+def engine_table(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """The engine-model comparison (module docstring): prints its table, returns its rows."""
     from trl_alloc.rollout.engine_model import simulate_engine
 
@@ -111,7 +115,7 @@ def engine_table(args):
     return rows
 
 
-def check_args(parser, args):
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Clear errors for settings no plan can have (argparse's usage line, exit status 2)."""
     for name in ("prompts", "rounds", "budget", "unit_size", "units_per_group", "capacity", "engine_seqs",
                  "max_tokens", "gpus_per_engine"):
@@ -137,7 +141,7 @@ def check_args(parser, args):
         parser.error(f"--prune_keep must lie in (0, 1], got {args.prune_keep}.")
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8699)
     parser.add_argument("--rounds", type=int, default=500)

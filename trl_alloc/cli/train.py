@@ -11,9 +11,18 @@ SmolLM2 once; nothing is downloaded.
 import json
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trl_alloc.cli.launch import finish, keep_stderr_for_the_last_message
+
+if TYPE_CHECKING:  # (no `from __future__ import annotations` here: TrlParser reads ScriptArguments' annotations)
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+
+    from trl_alloc.evaluation import TransformersBackend, VLLMEngineBackend, VLLMServerBackend
+    from trl_alloc.trainer import AllocGRPOConfig, AllocGRPOTrainer
 
 
 @dataclass
@@ -45,7 +54,7 @@ class ScriptArguments:
     eval_samples: int = field(default=4, metadata={"help": "Samples per held-out prompt (0 skips the evaluation)."})
 
 
-def pick_config_class(argv):
+def pick_config_class(argv: Sequence[str]) -> "type[AllocGRPOConfig]":
     """AllocDAPOConfig when `--algorithm dapo` (or `--algorithm=dapo`) is given on the command line or
     `algorithm: dapo` in the YAML recipe (the command line wins), parsed as TrlParser parses them."""
     import argparse
@@ -66,7 +75,10 @@ def pick_config_class(argv):
     return AllocDAPOConfig if algorithm == "dapo" else AllocGRPOConfig
 
 
-def held_out_accuracy(backend, tokenizer, dataset, script_args, training_args, reward_fn, output_dir=None):
+def held_out_accuracy(backend: "TransformersBackend | VLLMEngineBackend | VLLMServerBackend",
+                      tokenizer: "PreTrainedTokenizerBase", dataset: "Dataset", script_args: ScriptArguments,
+                      training_args: "AllocGRPOConfig", reward_fn: Callable[..., list[float]],
+                      output_dir: str | None = None) -> float:
     """avg@1 of `eval_samples` samples per held-out prompt from `backend` (`trl_alloc.evaluation`'s), tokenized as the
     trainer does (chat template for conversational prompts, the tokenizer's special tokens); samples go to
     `output_dir`."""
@@ -83,20 +95,20 @@ def held_out_accuracy(backend, tokenizer, dataset, script_args, training_args, r
     return result.metrics[1]["avg"]
 
 
-def engine_backend(trainer):
+def engine_backend(trainer: "AllocGRPOTrainer") -> "VLLMEngineBackend | VLLMServerBackend":
     """The held-out evaluation's backend on the run's own vLLM engine: the colocate `LLM` or the server."""
     from trl_alloc.evaluation import VLLMEngineBackend, VLLMServerBackend
     vg = trainer.vllm_generation
     return VLLMEngineBackend(vg.llm) if trainer.args.vllm_mode == "colocate" else VLLMServerBackend(vg.vllm_client)
 
 
-def check_before_loading(training_args, num_prompts):
+def check_before_loading(training_args: "AllocGRPOConfig", num_prompts: int) -> None:
     """The budget and round checks that need only the dataset size, before the model loads."""
     from trl_alloc.allocation.factory import resolve_num_rounds
     training_args.check_budget(resolve_num_rounds(training_args, num_prompts))
 
 
-def resume_argument(value):
+def resume_argument(value: str | bool | None) -> str | bool | None:
     """`--resume_from_checkpoint True` means the latest checkpoint in output_dir, as in TRL's scripts."""
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
@@ -106,7 +118,7 @@ def resume_argument(value):
 EXIT_NOTHING_TRAINED, EXIT_REFUSED = 2, 3
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     """Exit status: 0 trained, 1 failed, 2 nothing was trained (everything saved), 3 the run was refused (bad input or
     settings). The main process's message (what is wrong, then the fix) is the last line on stdout and on stderr, the
     tail that `accelerate launch` quotes (cli/launch.py)."""

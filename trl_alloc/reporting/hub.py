@@ -1,15 +1,22 @@
 """Hub pushes: the model card rendered from `model_cards/` and the files a pushed run carries
 (policy or LoRA adapter, quality-head adapter, allocator state, training arguments as JSON)."""
 
+from __future__ import annotations
+
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from importlib import resources
 from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
 from .. import __version__
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
 
 # Files of a run folder that a checkpoint push copies to the repo root next to TRL's modeling files.
 RUN_FILES = ("allocation_state.json", "training_args.json")
@@ -26,8 +33,10 @@ def _template_path():
     return str(resources.files("trl_alloc.model_cards").joinpath("trl_alloc_card.md"))
 
 
-def render_model_card(args, summary, model_name, base_model=None, dataset_name=None, hub_model_id=None,
-                      tags=(), trainer_name="GRPO", trainer_citation="", evaluation=None, quality_head=None):
+def render_model_card(args: Any, summary: dict[str, Any] | None, model_name: str, base_model: str | None = None,
+                      dataset_name: str | None = None, hub_model_id: str | None = None, tags: Iterable[str] = (),
+                      trainer_name: str = "GRPO", trainer_citation: str | None = "",
+                      evaluation: dict[str, Any] | None = None, quality_head: str | None = None) -> ModelCard:
     """The run's model card (a `huggingface_hub.ModelCard`). Only non-secret settings are rendered."""
     settings = {k: getattr(args, k) for k in SETTING_KEYS if getattr(args, k, None) is not None}
     card_data = ModelCardData(base_model=base_model, datasets=dataset_name, library_name="transformers",
@@ -47,7 +56,7 @@ def render_model_card(args, summary, model_name, base_model=None, dataset_name=N
         datasets_version=version("datasets"), peft_version=version("peft"))
 
 
-def write_training_args(args, folder):
+def write_training_args(args: TrainingArguments, folder: str | os.PathLike) -> None:
     """`training_args.json`: the full arguments, with every token redacted (transformers' `to_dict`)."""
     data = args.to_dict()
     for key in list(data):
@@ -60,7 +69,8 @@ def write_training_args(args, folder):
 class HubMixin:
     """Trainer overrides: our card instead of TRL's, and run files copied on checkpoint pushes."""
 
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
+                          tags: str | list[str] | None = None, **kwargs: Any) -> None:
         if not self.is_world_process_zero():
             return
         from trl.trainer.utils import get_config_model_id
@@ -84,7 +94,7 @@ class HubMixin:
             trainer_citation=self._paper.get("citation", ""), evaluation=evaluation, quality_head=head)
         card.save(os.path.join(self.args.output_dir, "README.md"))
 
-    def save_model(self, output_dir=None, _internal_call=False):
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
         if self.args.should_save:
             write_training_args(self.args, output_dir or self.args.output_dir)

@@ -1,13 +1,21 @@
 """End-of-run allocation plots and summary (`output_dir/allocation/`): spend per round vs uniform,
 effective-group rate, exposure distribution, head calibration when ARROL is on."""
 
+from __future__ import annotations
+
 import json
 import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
-def summarize(history, exposure, budget_responses, extra=None):
+
+def summarize(history: Sequence[Mapping[str, Any]], exposure: ArrayLike, budget_responses: int,
+              extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The run's allocation summary from per-round records (dicts with `responses`, `groups`,
     `effective_groups`, `tokens`) and per-prompt exposure (responses per prompt)."""
     spend = np.array([h.get("responses", 0) for h in history], float)
@@ -36,7 +44,9 @@ def summarize(history, exposure, budget_responses, extra=None):
     return out
 
 
-def write_allocation_report(output_dir, history, exposure, budget_responses, extra=None, calibration=None):
+def write_allocation_report(output_dir: str | os.PathLike, history: list[dict[str, Any]], exposure: ArrayLike,
+                            budget_responses: int, extra: Mapping[str, Any] | None = None,
+                            calibration: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
     """Write `summary.json` and the PNG plots; returns the summary. `calibration` (optional):
     dict with `predicted` and `observed` positive rates per score bin."""
     folder = os.path.join(output_dir, "allocation")
@@ -48,7 +58,7 @@ def write_allocation_report(output_dir, history, exposure, budget_responses, ext
     return summary
 
 
-def update_summary(output_dir, updates):
+def update_summary(output_dir: str | os.PathLike, updates: Mapping[str, Any]) -> dict[str, Any]:
     """Add `updates` (e.g. held-out accuracy) to `output_dir/allocation/summary.json`; returns the whole file."""
     path = os.path.join(output_dir, "allocation", "summary.json")
     with open(path, encoding="utf-8") as f:

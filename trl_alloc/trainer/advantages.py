@@ -5,6 +5,10 @@ commits at n < k, pruned rollouts leave a group), so each group is normalised ov
 The formulas are TRL's (GRPOConfig `multi_objective_aggregation`, `scale_rewards`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 import torch
 from trl.trainer.utils import nanstd
 
@@ -14,8 +18,9 @@ def _group_std(values, sizes):
                       for c in torch.split(values, sizes)])
 
 
-def group_advantages(rewards_per_func, group_ids, weights, aggregation="sum_then_normalize",
-                     scale_rewards="group"):
+def group_advantages(rewards_per_func: torch.Tensor, group_ids: torch.Tensor | Sequence[int], weights: torch.Tensor,
+                     aggregation: str = "sum_then_normalize",
+                     scale_rewards: str = "group") -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, zero_std) per row.
 
     rewards_per_func: (rows, functions) rewards, NaN where a function could not score a row;

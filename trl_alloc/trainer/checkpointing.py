@@ -7,6 +7,8 @@ folder and says which checkpoint is intact. A round that fails rolls the allocat
 start and saves what is trained (the rescue checkpoint).
 """
 
+from __future__ import annotations
+
 import errno
 import glob
 import hashlib
@@ -14,13 +16,15 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..allocation.allocator import json_default
 
 ALLOCATION_STATE_NAME = "allocation_state.json"
 
 
-def dataset_fingerprint(prompts):
+def dataset_fingerprint(prompts: Iterable[str | list[dict[str, Any]]]) -> str:
     """A short hash of the prompt pool, in order (another seed's built-in pool has another hash)."""
     digest = hashlib.sha256()
     for p in prompts:
@@ -29,7 +33,7 @@ def dataset_fingerprint(prompts):
     return digest.hexdigest()[:16]
 
 
-def write_json_atomic(path, data, default=None):
+def write_json_atomic(path: str, data: Any, default: Callable[[Any], Any] | None = None) -> None:
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(data, f, default=default)
     os.replace(path + ".tmp", path)
@@ -40,7 +44,7 @@ def _step(path):
     return int(m.group(1)) if m else None
 
 
-def earlier_checkpoint(checkpoint):
+def earlier_checkpoint(checkpoint: str) -> str | None:
     """The newest `checkpoint-N` next to `checkpoint` with a smaller N, or None."""
     parent, step = os.path.dirname(os.path.abspath(os.path.normpath(checkpoint))), _step(checkpoint)
     found = [(s, p) for p in glob.glob(os.path.join(parent, "checkpoint-*"))
@@ -54,7 +58,8 @@ def _suggest_previous(checkpoint):
             else " No earlier checkpoint is there; start the run again.")
 
 
-def read_allocation_state(checkpoint, required=("pacer", "filler", "counters")):
+def read_allocation_state(checkpoint: str,
+                          required: Iterable[str] = ("pacer", "filler", "counters")) -> dict[str, Any]:
     """The allocator state of `checkpoint`, or a ValueError naming the damaged file."""
     path = os.path.join(checkpoint, ALLOCATION_STATE_NAME)
     if not os.path.isfile(path):
@@ -72,7 +77,7 @@ def read_allocation_state(checkpoint, required=("pacer", "filler", "counters")):
     return state
 
 
-def is_disk_full(exc, folder):
+def is_disk_full(exc: BaseException | None, folder: str) -> bool:
     """Whether a failed save ran out of disk (torch and safetensors word it differently)."""
     seen = set()
     while exc is not None and id(exc) not in seen:  # torch words it in a chained exception ("iostream error")
@@ -86,7 +91,7 @@ def is_disk_full(exc, folder):
     return False
 
 
-def disk_full_error(exc, folder, intact):
+def disk_full_error(exc: BaseException, folder: str, intact: str | None) -> OSError:
     where = os.path.dirname(os.path.abspath(folder))
     free = shutil.disk_usage(where).free if os.path.isdir(where) else 0
     keep = (f"The newest complete checkpoint is {intact}; resume from it once there is room."
@@ -99,7 +104,7 @@ def disk_full_error(exc, folder, intact):
 class CheckpointMixin:
     """The allocator's state in every checkpoint and final save; atomic checkpoint folders; resume."""
 
-    def run_plan(self):
+    def run_plan(self) -> dict[str, Any]:
         """What fixes this run's plan; a checkpoint of another plan is refused (`allocation.allocator.PLAN_FIELDS`)."""
         a = self.args
         return {"pacing": a.pacing, "filling": a.filling, "pruning": a.pruning, "num_prompts": len(self.train_dataset),
@@ -107,7 +112,7 @@ class CheckpointMixin:
                 "allocation_seed": a.seed if a.allocation_seed is None else a.allocation_seed,
                 "dataset_fingerprint": dataset_fingerprint(self.train_dataset["prompt"])}
 
-    def allocation_state(self):
+    def allocation_state(self) -> dict[str, Any]:
         """The allocator's state as plain JSON-serialisable data (what checkpoints hold), with the run's
         per-round history, so the report after a resume covers the whole run. Stream mode: the state at the
         last close (the next round is already open), with what became of the rollouts then in flight."""
@@ -116,7 +121,8 @@ class CheckpointMixin:
             return self.allocator.state_dict()
         return {**self._stream_state, "stream": note}
 
-    def load_allocation_state(self, state, path=ALLOCATION_STATE_NAME, check=True):
+    def load_allocation_state(self, state: dict[str, Any], path: str = ALLOCATION_STATE_NAME,
+                              check: bool = True) -> None:
         self._end_stream()
         self.allocator.load_state_dict(state, where=path, check_plan=check)
         note = state.get("stream")
@@ -144,7 +150,7 @@ class CheckpointMixin:
             if self.accelerator.is_main_process:
                 print(f"[trl-alloc] the round failed; the policy trained so far is saved in {folder}")
 
-    def write_allocation_report(self):
+    def write_allocation_report(self) -> dict[str, Any]:
         """`output_dir/allocation/summary.json` and PNG plots of the run's allocation; returns the summary."""
         from ..reporting.plots import write_allocation_report
 
@@ -154,7 +160,7 @@ class CheckpointMixin:
         return write_allocation_report(self.args.output_dir, self.allocator.history, self.allocator.exposure, budget,
                                        extra, calibration=calibration)
 
-    def save_model(self, output_dir=None, _internal_call=False):
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """TRL's save, plus `allocation_state.json` next to the weights (checkpoints and final saves)."""
         super().save_model(output_dir, _internal_call)
         if self.args.should_save:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig
 
+from ..allocation.base import Filler, Pacer
 from ..allocation.registry import method_class, method_names
 from .rollout_mode import choose_rollout_mode
 
@@ -318,7 +319,7 @@ class AllocGRPOConfig(GRPOConfig):
                 raise TypeError(f"`{name}` must be a number, got {value!r} ({type(value).__name__}).")
 
     @property
-    def steps_per_round(self):
+    def steps_per_round(self) -> int:
         """Optimizer steps per round: steps_per_generation / gradient_accumulation_steps × num_iterations."""
         return self.steps_per_generation // self.gradient_accumulation_steps * self.num_iterations
 
@@ -368,31 +369,31 @@ class AllocGRPOConfig(GRPOConfig):
 
     # -- derived quantities (the trainer calls these once it knows the dataset) ------------------
     @property
-    def nominal_prompts_per_round(self):
+    def nominal_prompts_per_round(self) -> int:
         """Prompts per round of stock GRPO (and of pacing='uniform' by default)."""
         return self.prompts_per_round or max(1, self.generation_batch_size // self.num_generations)
 
     @property
-    def pacer_class(self):
+    def pacer_class(self) -> type[Pacer]:
         """The class `pacing` names (allocation.registry)."""
         return method_class("pacing", self.pacing)
 
     @property
-    def filler_class(self):
+    def filler_class(self) -> type[Filler]:
         """The class `filling` names (allocation.registry)."""
         return method_class("filling", self.filling)
 
-    def budget_for(self, num_rounds):
+    def budget_for(self, num_rounds: int) -> int:
         """The global response budget of a run of `num_rounds` rounds (`rollout_budget`, else the pacer's default)."""
         if self.rollout_budget is not None:
             return int(self.rollout_budget)
         return self.pacer_class.budget_for(self, num_rounds)
 
-    def max_round_responses(self, num_rounds):
+    def max_round_responses(self, num_rounds: int) -> int | None:
         """Most responses one round can spend, or None when unbounded by the config alone."""
         return self.pacer_class.max_round_responses(self, num_rounds, self.filler_class)
 
-    def check_budget(self, num_rounds):
+    def check_budget(self, num_rounds: int) -> None:
         """Reject a budget the run cannot spend in `num_rounds` rounds."""
         if int(num_rounds) < 1:
             raise ValueError(f"`num_rounds` must be >= 1, got {num_rounds}.")
@@ -433,7 +434,7 @@ PARAMETER_GROUPS = {
 }
 
 
-def parameters_doc(cls, groups):
+def parameters_doc(cls: type, groups: dict[str, tuple[str, ...]]) -> str:
     """TRL's `Parameters:` docstring block for `cls`'s fields named in `groups` ({title: field names})."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     lines = ["", "    Parameters:"]

@@ -26,7 +26,10 @@ what corrects the stale tokens. A checkpoint holds the allocator's state at the 
 in flight are named in it and dropped if the run resumes from there (spent, never trained).
 """
 
+from __future__ import annotations
+
 import contextlib
+from typing import Any
 
 from ..rollout.colocate import RankedRollouts, RankEngine, VLLMColocateRollouts
 from ..rollout.backends import BatchedRollouts, VLLMServerRollouts
@@ -57,17 +60,17 @@ class EventRoundMixin:
                   "server, or rollout_mode='deterministic'.")
 
     @property
-    def colocate(self):
+    def colocate(self) -> bool:
         """Generation through the `vllm.LLM` TRL's colocate mode holds (`rollout.colocate`)."""
         return self.use_vllm and self.args.vllm_mode == "colocate"
 
     @property
-    def rollout_window(self):
+    def rollout_window(self) -> int:
         """Most rollouts in flight at once: `rollout_max_inflight`, else the generation batch."""
         return self.args.rollout_max_inflight or self.args.generation_batch_size
 
     @property
-    def colocate_ranks(self):
+    def colocate_ranks(self) -> bool:
         """Colocate on several processes: every rank steps its own engine, the main process decides
         (`rollout.colocate.RankedRollouts`; the other ranks follow it inside each `_main_call`)."""
         return self.colocate and self.accelerator.num_processes > 1
@@ -279,7 +282,7 @@ class StreamRoundMixin:
             self._stream = None
         self._stream_open, self._stream_rows = False, {}
 
-    def stream_note(self):
+    def stream_note(self) -> dict[str, Any] | None:
         """What became of the stream's rollouts at a checkpoint (None outside stream mode)."""
         if self._stream is None:
             return None

@@ -27,10 +27,13 @@ generation is collective (ZeRO-3, FSDP, vLLM): there they generate throwaway pad
 never counted, scored or trained on.
 """
 
+from __future__ import annotations
+
 import contextlib
 import copy
 import math
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import broadcast_object_list
@@ -53,6 +56,14 @@ from .round_state import RoundState
 from .event_modes import EventRoundMixin, StreamRoundMixin
 from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_colocate_llm, patch_trl_vllm_client,
                          tokenize_prompts, train_metrics, use_inplace_colocate_push, vllm_version_notice)
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from peft import PeftModel
+    from transformers import PreTrainedModel, TrainerControl, TrainerState, TrainingArguments
+    from trl.trainer.grpo_trainer import RewardFunc
+
+    from ..rollout.pruning import RolloutPruner
 
 
 class _Ticks(torch.utils.data.Dataset):
@@ -79,7 +90,8 @@ class _AllocationCallback(TrainerCallback):
     def __init__(self, trainer):
         self.trainer = trainer
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
         t = self.trainer
         if t._saved_lrs is not None:  # schedulers that set the lr each step have already overwritten 0
             for group, lr in zip(t.optimizer.param_groups, t._saved_lrs):
@@ -94,7 +106,8 @@ class _AllocationCallback(TrainerCallback):
                 control.should_save = True
         return control
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
         t = self.trainer
         t._end_stream()  # stream mode: what still runs is aborted (spent, never trained)
         if t.accelerator.is_main_process and t.allocator.history and t._rounds_this_session:
@@ -114,7 +127,9 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
     _tag_names = ["trl", "grpo", "trl-alloc"]
     config_class = AllocGRPOConfig
 
-    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, **kwargs):
+    def __init__(self, model: str | PreTrainedModel | PeftModel,
+                 reward_funcs: RewardFunc | list[RewardFunc] | None = None, args: AllocGRPOConfig | None = None,
+                 train_dataset: Dataset | None = None, **kwargs: Any) -> None:
         if args is None:
             args = self.config_class(output_dir="trl-alloc-output")
         if not isinstance(args, AllocGRPOConfig):
@@ -191,13 +206,13 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         self.add_callback(_AllocationCallback(self))
 
     @property
-    def round_log_path(self):
+    def round_log_path(self) -> str:
         """The round log the main process writes, one JSON line per round: `output_dir/allocation/rounds.jsonl`
         (`allocation.allocator.read_round_log` reads it)."""
         return round_log_file(self.args.output_dir)
 
     @property
-    def pruner(self):
+    def pruner(self) -> RolloutPruner | None:
         """The allocator's rollout pruner (`rollout.pruning.RolloutPruner`), or None."""
         return self.allocator.pruner
 
@@ -218,7 +233,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         return verifiers or [0]
 
     # ------------------------------------------------------------------ loop pacing
-    def get_train_dataloader(self):
+    def get_train_dataloader(self) -> DataLoader:
         """One tick per micro-step, K × steps_per_round × gradient_accumulation_steps in all, the same on every
         rank (not sharded)."""
         ticks = _Ticks(self.num_rounds * self.steps_per_round * self.args.gradient_accumulation_steps)

@@ -1,18 +1,27 @@
 """What AllocGRPOTrainer checks of its inputs before TRL builds anything: unsupported features first (they change what
 a dataset must be), then the reward functions and the prompt pool (docs/reliability.md)."""
 
+from __future__ import annotations
+
 import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from datasets import IterableDataset
 
 from ..tasks.data import check_prompts, checked_reward
 
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from trl.trainer.grpo_trainer import RewardFunc
+
 TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
                      "environments"}
 
 
-def check_inputs(cls_name, reward_funcs, train_dataset, kwargs):
+def check_inputs(cls_name: str, reward_funcs: RewardFunc | Sequence[RewardFunc] | None, train_dataset: Any,
+                 kwargs: dict[str, Any]) -> None:
     """Refuse what the trainer cannot take, naming the fix."""
     for name in ("tools", "rollout_func", "environment_factory"):  # first: they change what a dataset must be
         if kwargs.get(name):
@@ -39,7 +48,7 @@ def check_inputs(cls_name, reward_funcs, train_dataset, kwargs):
     check_prompts(train_dataset["prompt"], "`train_dataset`")
 
 
-def checked_reward_funcs(reward_funcs):
+def checked_reward_funcs(reward_funcs: RewardFunc | Sequence[RewardFunc]) -> RewardFunc | list[RewardFunc]:
     """Plain-function rewards wrapped so a wrong output names the function (async ones are TRL's)."""
     funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     out = [f if isinstance(f, (str, torch.nn.Module)) or inspect.iscoroutinefunction(f)
@@ -47,7 +56,8 @@ def checked_reward_funcs(reward_funcs):
     return out if isinstance(reward_funcs, (list, tuple)) else out[0]
 
 
-def warn_missing_reward_columns(reward_funcs, names, dataset):
+def warn_missing_reward_columns(reward_funcs: Sequence[Callable[..., Any] | torch.nn.Module], names: Sequence[str],
+                                dataset: Dataset) -> None:
     """A reward function taking a keyword the dataset has no column for would get None: say so at the start."""
     for func, name in zip(reward_funcs, names):
         if isinstance(func, torch.nn.Module):

