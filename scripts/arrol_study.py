@@ -220,7 +220,7 @@ def write_table(results, path):
         vals = [cell.get((name, d)) for d in points]
         lines.append(f"| {name} | " + " | ".join("" if v is None else f"{v['auc']:.2f} / {v['auc_within_group']:.2f}"
                                                  for v in vals) + " |")
-    elig = {r["point"]: (r["eligible"], r["positives"]) for r in results["rows"]}
+    elig = {r["point"]: (r["eligible"], r["positives"]) for r in results["rows"] if r["kind"] == "head"}
     lines.append("| eligible rollouts (positive) | " + " | ".join(f"{elig[d][0]} ({elig[d][1]})" for d in points)
                  + " |")
     with open(path, "w") as f:

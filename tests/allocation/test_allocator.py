@@ -1,4 +1,4 @@
-"""The allocation engine without TRL (allocation/allocator.py): one run driven round by round with synthetic
+"""The allocator without TRL (allocation/allocator.py): one run driven round by round with synthetic
 rewards, exact accounting, its versioned state, and the registry it is built from."""
 
 import json
@@ -32,7 +32,7 @@ def make_allocator(round_log_path=None, **kw):
 
 
 def run_round(e, p_success, rng):
-    """One round as the trainer drives it; rows carry only what the engine reads."""
+    """One round as the trainer drives it; rows carry only what the allocator reads."""
     admitted = e.start_round()
     rows, requests = [], []
     while (req := e.next_request()) is not None:

@@ -1,6 +1,6 @@
 """The fillers' event rounds (allocation/event_rounds.py, sara.SARARound, baselines.DynamicSamplingRound)
-fed one rollout at a time in random orders: exact accounting, SARA's rule on every decision, and an engine run
-that resumes identically."""
+fed one rollout at a time in random orders: exact accounting, SARA's rule on every decision, and an allocator
+run that resumes identically."""
 
 import json
 

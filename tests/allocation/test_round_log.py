@@ -26,7 +26,7 @@ def make_allocator(rounds, budget_units, round_log_path=None):
 
 def event_round(e, p, rng, window=6):
     """One event round as `rollout.drivers.RoundDriver` runs it, with its order of events (ids as numpy ints,
-    as an engine may hand them); returns (rows, events, the summary the trainer broadcasts)."""
+    as a rollout backend may hand them); returns (rows, events, the summary the trainer broadcasts)."""
     admitted = e.start_round(events=True)
     live, rows, events, rid = [], [], [], 0
     while not e.round_done or live:
@@ -128,7 +128,7 @@ def test_resume_keeps_the_checkpoints_rounds_only(tmp_path):
 
 
 def test_memory_and_payload_stay_flat_over_200_rounds(tmp_path):
-    """200 event rounds: the file has 200 lines (with the events); in memory, the engine's only per-round record is
+    """200 event rounds: the file has 200 lines (with the events); in memory, the allocator's only per-round record is
     `history` (and CERO's `allocation_log`, what `random_matched` replays, in the pacer): every other container and
     the rest of the state keep their size, so no round's events are kept; the summary broadcast each round
     (`_allocate(allocator.finish_round)` in the trainer) has a size bounded independently of the round index."""

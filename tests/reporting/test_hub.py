@@ -121,7 +121,7 @@ def test_card_says_which_held_out_split_was_used(tmp_path):
 
 
 def test_a_card_written_before_the_runs_report_still_has_its_figures(tmp_path):
-    """A checkpoint push's card (no `allocation/summary.json` yet) takes its figures from the engine's history."""
+    """A checkpoint push's card (no `allocation/summary.json` yet) takes its figures from the allocator's history."""
     model, tok, ds, reward = tiny_setup(seed=0)
     trainer = AllocGRPOTrainer(model=model, reward_funcs=reward, processing_class=tok, train_dataset=ds,
                                args=make_args(str(tmp_path), num_rounds=2))

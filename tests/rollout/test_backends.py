@@ -21,15 +21,15 @@ def test_batched_rollouts_are_one_generate_call_over_everything_pending(tiny_ran
     tok = AutoTokenizer.from_pretrained(tiny_random_dir)
     backend = TransformersBackend(model, tok, batch_size=16)
     prompts = tokenize_prompts(tok, ["1+2=", "13+4="])
-    engine = BatchedRollouts.from_backend(backend, temperature=1.0, seed=5)
-    first = engine.submit(prompts[0], n=2, max_tokens=3, tag="a")
-    second = engine.submit(prompts[1], n=1, max_tokens=6, tag="b")
-    dropped = engine.submit(prompts[1], n=1, max_tokens=6, tag="c")
-    assert engine.in_flight == 4
-    aborted = engine.abort(dropped)
+    rollouts = BatchedRollouts.from_backend(backend, temperature=1.0, seed=5)
+    first = rollouts.submit(prompts[0], n=2, max_tokens=3, tag="a")
+    second = rollouts.submit(prompts[1], n=1, max_tokens=6, tag="b")
+    dropped = rollouts.submit(prompts[1], n=1, max_tokens=6, tag="c")
+    assert rollouts.in_flight == 4
+    aborted = rollouts.abort(dropped)
     assert [(r.tag, r.finish_reason, r.token_ids) for r in aborted] == [("c", "abort", [])]
-    done = engine.next_completed()
-    assert engine.in_flight == 0 and engine.calls == 1 and engine.next_completed() == []
+    done = rollouts.next_completed()
+    assert rollouts.in_flight == 0 and rollouts.calls == 1 and rollouts.next_completed() == []
     assert sorted(r.rid for r in done) == sorted(first + second)
     # exactly the batched call: the same prompts, the largest cap, the call's seed; each cut to its own cap
     ids, _ = backend.generate([prompts[0], prompts[0], prompts[1]], 1, 6, 1.0, seed=5)
@@ -61,16 +61,16 @@ def test_a_finished_rollout_is_never_neither_in_flight_nor_delivered():
                 self._finish(r)
             threading.Thread(target=run, daemon=True).start()
 
-    engine = ThreadRollouts(request_timeout=30)
-    engine._done = SlowQueue()
+    rollouts = ThreadRollouts(request_timeout=30)
+    rollouts._done = SlowQueue()
     for _ in range(5):
-        rids = engine.submit([5, 6], n=1, max_tokens=3)
-        while engine.in_flight:
+        rids = rollouts.submit([5, 6], n=1, max_tokens=3)
+        while rollouts.in_flight:
             time.sleep(0.001)
-        assert [r.rid for r in engine.next_completed(timeout=1)] == rids
+        assert [r.rid for r in rollouts.next_completed(timeout=1)] == rids
 
 
-def check_arrival_order(engine, hold=None):
+def check_arrival_order(rollouts, hold=None):
     """Short rollouts arrive before a long one started first; every rollout once, with all its tokens and
     log-probs. `hold` freezes the engine (a server's `/pause?mode=keep`): the long request, then the short ones,
     wait in its queue and start together at `/resume` (the tiny served model decodes 480 tokens faster than a busy
@@ -79,23 +79,23 @@ def check_arrival_order(engine, hold=None):
     import time
 
     if hold is None:
-        long = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="long")
+        long = rollouts.submit([5, 6, 7], n=1, max_tokens=480, tag="long")
         deadline = time.monotonic() + 120
-        while not engine.generated_tokens().get(long[0]) and engine.in_flight and time.monotonic() < deadline:
+        while not rollouts.generated_tokens().get(long[0]) and rollouts.in_flight and time.monotonic() < deadline:
             time.sleep(0.002)  # the long one runs
-        short = engine.submit([8, 9], n=3, max_tokens=4, tag="short")
+        short = rollouts.submit([8, 9], n=3, max_tokens=4, tag="short")
     else:
         with hold():
-            long = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="long")
+            long = rollouts.submit([5, 6, 7], n=1, max_tokens=480, tag="long")
             time.sleep(1.0)  # (the requests reach the frozen engine's queue, the long one first)
-            short = engine.submit([8, 9], n=3, max_tokens=4, tag="short")
+            short = rollouts.submit([8, 9], n=3, max_tokens=4, tag="short")
             time.sleep(1.0)
-            assert engine.generated_tokens() == dict.fromkeys(long + short, 0)  # none has started
-    first = engine.next_completed(timeout=120)
+            assert rollouts.generated_tokens() == dict.fromkeys(long + short, 0)  # none has started
+    first = rollouts.next_completed(timeout=120)
     assert first and all(r.tag == "short" for r in first)  # 4 tokens finish before the long one's other 479
     seen = list(first)
-    while engine.in_flight:
-        seen += engine.next_completed(timeout=120)
+    while rollouts.in_flight:
+        seen += rollouts.next_completed(timeout=120)
     assert sorted(r.rid for r in seen) == sorted(long + short)  # each exactly once
     assert all(len(r.token_ids) == r.max_tokens == len(r.logprobs) and r.finish_reason == "length" for r in seen)
     assert all(lp <= 0 for r in seen for lp in r.logprobs)
@@ -109,57 +109,57 @@ def test_vllm_server_rollouts_arrive_as_they_finish_and_abort(vllm_server):
     from trl_alloc.rollout.quality_head import QualityHead
 
     server, model = vllm_server, vllm_server.model
-    engine = VLLMServerRollouts(server.url, temperature=1.0, extra={"ignore_eos": True})  # (unseeded: see `seed`)
+    rollouts = VLLMServerRollouts(server.url, temperature=1.0, extra={"ignore_eos": True})  # (unseeded: see `seed`)
     try:
         client = AllocVLLMClient(base_url=server.url, connection_timeout=30.0)
         try:
-            check_arrival_order(engine, hold=client.paused)
+            check_arrival_order(rollouts, hold=client.paused)
         finally:
             client.close()
         # abort: the rollout comes back with the tokens it had, and no later
-        running = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="cut")
-        cut = engine.abort(running)
+        running = rollouts.submit([5, 6, 7], n=1, max_tokens=480, tag="cut")
+        cut = rollouts.abort(running)
         assert [r.rid for r in cut] == running and cut[0].finish_reason == "abort"
-        assert len(cut[0].token_ids) < 480 and engine.in_flight == 0 and engine.next_completed(timeout=1) == []
+        assert len(cut[0].token_ids) < 480 and rollouts.in_flight == 0 and rollouts.next_completed(timeout=1) == []
 
         # the detection point: a snapshot at 5 tokens while the same stream goes on to the end; one that
         # finishes before 5 tokens gives none; aborting after the snapshot keeps the tokens generated since
-        going = engine.submit([5, 6, 7], n=2, max_tokens=40, tag="go", detect_at=5)
-        early = engine.submit([8, 9], n=1, max_tokens=3, tag="early", detect_at=5)
+        going = rollouts.submit([5, 6, 7], n=2, max_tokens=40, tag="go", detect_at=5)
+        early = rollouts.submit([8, 9], n=1, max_tokens=3, tag="early", detect_at=5)
         got = []
-        while engine.in_flight or not got:
-            got += engine.next_completed(timeout=120)
+        while rollouts.in_flight or not got:
+            got += rollouts.next_completed(timeout=120)
         snaps = [r for r in got if r.finish_reason == "detect"]
         final = {r.rid: r for r in got if r.finish_reason != "detect"}
         assert sorted(r.rid for r in snaps) == sorted(going) and set(final) == set(going + early)
         for s in snaps:
             assert len(s.token_ids) == 5 == len(s.logprobs) and final[s.rid].token_ids[:5] == s.token_ids
             assert len(final[s.rid].token_ids) == 40  # continued in the same request
-        pruned = engine.submit([5, 6, 7], n=1, max_tokens=120, tag="prune", detect_at=5)
-        snap = engine.next_completed(timeout=120)
+        pruned = rollouts.submit([5, 6, 7], n=1, max_tokens=120, tag="prune", detect_at=5)
+        snap = rollouts.next_completed(timeout=120)
         assert [(r.rid, r.finish_reason) for r in snap[:1]] == [(pruned[0], "detect")]  # the snapshot comes first
         if len(snap) > 1:  # (timing: the server finished all 120 tokens before this poll; nothing left to abort)
             assert [(r.rid, r.finish_reason) for r in snap[1:]] == [(pruned[0], "length")]
-            assert snap[1].token_ids[:5] == snap[0].token_ids and engine.in_flight == 0
+            assert snap[1].token_ids[:5] == snap[0].token_ids and rollouts.in_flight == 0
         else:
-            cut = engine.abort(pruned)
+            cut = rollouts.abort(pruned)
             assert cut[0].finish_reason == "abort" and 5 <= len(cut[0].token_ids) < 120
-            assert cut[0].token_ids[:5] == snap[0].token_ids and engine.in_flight == 0
-        check_counts_hold_while_paused(engine, server.url)
+            assert cut[0].token_ids[:5] == snap[0].token_ids and rollouts.in_flight == 0
+        check_counts_hold_while_paused(rollouts, server.url)
     finally:
-        engine.close()
+        rollouts.close()
     with pytest.raises(RuntimeError, match="hidden states of size 32, the served model's are 64"):
         VLLMServerRollouts(server.url, quality_head=QualityHead(32, 8, detect_length=5))  # another model's
     torch.manual_seed(0)
     head = QualityHead(model.config.hidden_size, 16, detect_length=5)
-    engine = VLLMServerRollouts(server.url, temperature=1.0, extra={"ignore_eos": True}, quality_head=head)
+    rollouts = VLLMServerRollouts(server.url, temperature=1.0, extra={"ignore_eos": True}, quality_head=head)
     try:
-        check_scores_in_engine(engine, model, head)
+        check_scores_in_engine(rollouts, model, head)
     finally:
-        engine.close()
+        rollouts.close()
 
 
-def check_counts_hold_while_paused(engine, url, tries=3):
+def check_counts_hold_while_paused(rollouts, url, tries=3):
     """A stream's weight push (`StreamDriver.push`): under vLLM's `/pause?mode=keep` nothing is generated, so the
     tokens counted then (`generated_tokens`) are exactly the old weights'; after `/resume` the same requests go on
     to the end, nothing regenerated. (On a busy 2-core machine the API server may deliver a rollout's tokens late
@@ -168,19 +168,19 @@ def check_counts_hold_while_paused(engine, url, tries=3):
 
     client = AllocVLLMClient(base_url=url, connection_timeout=30.0)
     for _ in range(tries):
-        rids = engine.submit([5, 6, 7], n=4, max_tokens=480, tag="pause")
+        rids = rollouts.submit([5, 6, 7], n=4, max_tokens=480, tag="pause")
         deadline = time.monotonic() + 120
-        while max(engine.generated_tokens().values(), default=1) < 1 and time.monotonic() < deadline:  # one runs
+        while max(rollouts.generated_tokens().values(), default=1) < 1 and time.monotonic() < deadline:  # one runs
             time.sleep(0.005)
         with client.paused():
             time.sleep(0.3)  # tokens generated before the pause arrive
-            marks = engine.generated_tokens()  # the rollouts still in flight, frozen mid-way or not started
+            marks = rollouts.generated_tokens()  # the rollouts still in flight, frozen mid-way or not started
             time.sleep(1.0)
-            assert engine.generated_tokens() == marks  # frozen: nothing generated while paused
+            assert rollouts.generated_tokens() == marks  # frozen: nothing generated while paused
         got = []
-        while engine.in_flight:
-            got += engine.next_completed(timeout=120)
-        got += engine.next_completed(timeout=1)
+        while rollouts.in_flight:
+            got += rollouts.next_completed(timeout=120)
+        got += rollouts.next_completed(timeout=1)
         assert sorted(r.rid for r in got) == rids and all(len(r.token_ids) == 480 for r in got)  # each once, whole
         assert set(marks) <= set(rids) and all(n < 480 for n in marks.values())
         if any(0 < n < 480 for n in marks.values()):
@@ -190,7 +190,7 @@ def check_counts_hold_while_paused(engine, url, tries=3):
     client.close()
 
 
-def check_scores_in_engine(engine, model, head):
+def check_scores_in_engine(rollouts, model, head):
     """ARROL's head inside the engine (worker extension): the score and hidden state each snapshot carries equal
     the trainer-side forward of prompt + partial (`last_hidden_states`), rollout by rollout."""
     import torch
@@ -199,14 +199,14 @@ def check_scores_in_engine(engine, model, head):
 
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14, 15, 16]]
     for i, p in enumerate(prompts):
-        engine.submit(p, n=2, max_tokens=12, tag=i, detect_at=5)
-    engine.submit([8, 9], n=1, max_tokens=5, tag="short", detect_at=5)  # ends at 5 tokens: no snapshot
+        rollouts.submit(p, n=2, max_tokens=12, tag=i, detect_at=5)
+    rollouts.submit([8, 9], n=1, max_tokens=5, tag="short", detect_at=5)  # ends at 5 tokens: no snapshot
     got = []
-    while engine.in_flight or got == []:
-        got += engine.next_completed(timeout=120)
-    got += engine.next_completed(timeout=1)
+    while rollouts.in_flight or got == []:
+        got += rollouts.next_completed(timeout=120)
+    got += rollouts.next_completed(timeout=1)
     snaps = [r for r in got if r.finish_reason == "detect"]
-    assert sorted(r.tag for r in snaps) == [0, 0, 1, 1, 2, 2] and engine.scored == 6
+    assert sorted(r.tag for r in snaps) == [0, 0, 1, 1, 2, 2] and rollouts.scored == 6
     assert all(len(r.token_ids) == 5 for r in snaps)
     final = {r.rid: r for r in got if r.finish_reason != "detect"}
     assert all(final[r.rid].token_ids[:5] == r.token_ids for r in snaps)  # the snapshot is the rollout's prefix
@@ -233,23 +233,23 @@ def test_inprocess_vllm_rollouts_stream_abort_and_score_in_the_engine(tmp_path, 
     model = build_served_model(str(tmp_path / "model"))
     torch.manual_seed(0)
     head = QualityHead(model.config.hidden_size, 16, detect_length=5)
-    engine = VLLMInProcessRollouts.start(str(tmp_path / "model"), temperature=1.0, extra={"ignore_eos": True},
-                                         quality_head=head, request_timeout=120)
+    rollouts = VLLMInProcessRollouts.start(str(tmp_path / "model"), temperature=1.0, extra={"ignore_eos": True},
+                                           quality_head=head, request_timeout=120)
     try:
-        assert_engine_may_use_its_kernels(engine._rpc("cpu_features"))  # AMX asked for in the engine core's process
-        check_arrival_order(engine)
+        assert_engine_may_use_its_kernels(rollouts._rpc("cpu_features"))  # AMX asked for in the engine core's process
+        check_arrival_order(rollouts)
 
-        running = engine.submit([5, 6, 7], n=1, max_tokens=480, tag="cut", detect_at=5)
-        snap = engine.next_completed(timeout=120)
+        running = rollouts.submit([5, 6, 7], n=1, max_tokens=480, tag="cut", detect_at=5)
+        snap = rollouts.next_completed(timeout=120)
         assert [(r.rid, r.finish_reason, len(r.token_ids)) for r in snap] == [(running[0], "detect", 5)]
-        [cut] = engine.abort(running)
-        assert cut.finish_reason == "abort" and 5 <= len(cut.token_ids) < 480 and engine.in_flight == 0
-        assert cut.token_ids[:5] == snap[0].token_ids and engine.next_completed(timeout=1) == []
-        engine.scored = 0
-        check_scores_in_engine(engine, model, head)
+        [cut] = rollouts.abort(running)
+        assert cut.finish_reason == "abort" and 5 <= len(cut.token_ids) < 480 and rollouts.in_flight == 0
+        assert cut.token_ids[:5] == snap[0].token_ids and rollouts.next_completed(timeout=1) == []
+        rollouts.scored = 0
+        check_scores_in_engine(rollouts, model, head)
     finally:
-        engine.close()
-        engine.shutdown()
+        rollouts.close()
+        rollouts.shutdown()
 
 
 class ResettingProxy:
@@ -315,16 +315,16 @@ def test_a_reset_connection_is_sent_again_once(vllm_server):
     model = requests.get(vllm_server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
     for resets, completes in ((1, True), (2, False)):
         proxy = ResettingProxy(vllm_server.url, resets)
-        engine = VLLMServerRollouts(proxy.url, model=model, temperature=1.0, extra={"ignore_eos": True})
+        rollouts = VLLMServerRollouts(proxy.url, model=model, temperature=1.0, extra={"ignore_eos": True})
         try:
-            rids = engine.submit([5, 6, 7], n=1, max_tokens=8, tag="t")
-            [got] = engine.next_completed(timeout=120)
-            assert got.rid == rids[0] and engine.resent == 1 and engine.in_flight == 0
+            rids = rollouts.submit([5, 6, 7], n=1, max_tokens=8, tag="t")
+            [got] = rollouts.next_completed(timeout=120)
+            assert got.rid == rids[0] and rollouts.resent == 1 and rollouts.in_flight == 0
             if completes:
                 assert got.finish_reason == "length" and len(got.token_ids) == 8 == len(got.logprobs)
             else:
                 assert got.finish_reason.startswith("error: ConnectionError") and "Connection aborted" in \
                     got.finish_reason and got.token_ids == []
         finally:
-            engine.close()
+            rollouts.close()
             proxy.close()

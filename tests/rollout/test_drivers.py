@@ -53,22 +53,22 @@ def test_batched_dynamic_sampling_is_exact_and_deterministic(tiny_random_dir):
     prompts = tokenize_prompts(tok, [f"{a}+{b}=" for a in range(6) for b in range(5)])
     runs = []
     for _ in range(2):
-        engine = BatchedRollouts.from_backend(backend, temperature=1.0, seed=3)
+        rollouts = BatchedRollouts.from_backend(backend, temperature=1.0, seed=3)
         rnd = ds_round(40, 4, 3)
-        driver = run_round(rnd, engine, prompts.__getitem__, first_token_even, max_tokens=4, max_inflight=8)
+        driver = run_round(rnd, rollouts, prompts.__getitem__, first_token_even, max_tokens=4, max_inflight=8)
         check_accounting(driver, rnd, 40, 4, 4)
-        assert engine.in_flight == 0 and engine.calls == driver.spent // 8 + (driver.spent % 8 > 0)
+        assert rollouts.in_flight == 0 and rollouts.calls == driver.spent // 8 + (driver.spent % 8 > 0)
         runs.append((driver.events, rnd.groups))
     assert runs[0] == runs[1]  # one seed, one run
     # a target that cannot be met spends whole groups up to the budget, and keeps none
-    engine = BatchedRollouts.from_backend(backend, temperature=1.0, seed=3)
+    rollouts = BatchedRollouts.from_backend(backend, temperature=1.0, seed=3)
     rnd = ds_round(18, 4, 3)
-    driver = run_round(rnd, engine, prompts.__getitem__, lambda r: 1.0, max_tokens=4)
+    driver = run_round(rnd, rollouts, prompts.__getitem__, lambda r: 1.0, max_tokens=4)
     assert driver.spent == 16 and rnd.groups == [] and len(rnd.rejected) == 4 and driver.aborted == 0
 
 
 def test_engine_model_event_rounds_beat_synchronous_calls():
-    """On the continuous-batching model (long-tailed lengths), SARA as events needs far less engine time per
+    """On the engine model (continuous batching, long-tailed lengths), SARA as events needs far less engine time per
     effective group than SARA as synchronous calls, and less than synchronous dynamic sampling; it spends more
     responses than synchronous SARA (overcommit). Measured over these 3 seeds (a deterministic simulation):
     time ratios 0.11 (vs sync SARA) and 0.64-0.81 (vs sync DS), responses 1.2-1.6x sync SARA's."""
@@ -128,19 +128,19 @@ def test_engine_model_pruning_in_the_stream_decides_whole_cohorts_and_frees_thei
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(vllm_server):
     prompts = {i: [5 + i % 20, 6, 7] for i in range(1000)}
-    engine = VLLMServerRollouts(vllm_server.url, temperature=1.0, seed=0, extra={"ignore_eos": True})
+    rollouts = VLLMServerRollouts(vllm_server.url, temperature=1.0, seed=0, extra={"ignore_eos": True})
     try:
         # rollout-id parity: every group of two consecutive rollouts is mixed, so the target is reached
         # with the first two groups to finish, and the rest of the window is aborted
         odd = lambda r: float(r.rid % 2)  # noqa: E731
         rnd = ds_round(48, 2, 2)
-        driver = run_round(rnd, engine, prompts.__getitem__, odd, max_tokens=60, max_inflight=16, timeout=120)
+        driver = run_round(rnd, rollouts, prompts.__getitem__, odd, max_tokens=60, max_inflight=16, timeout=120)
         check_accounting(driver, rnd, 48, 2, 60, success=odd)
         assert len(rnd.groups) == 2  # (whether any rollout is still running to abort then is timing)
         done = [i for i, (kind, pid, _) in enumerate(driver.events) if kind == "done" and pid in rnd.groups]
         submits = [i for i, (kind, _, _) in enumerate(driver.events) if kind == "submit"]
         assert max(submits) < max(done) and driver.spent < 48  # nothing submitted once the target is met
-        assert engine.in_flight == 0 and engine.next_completed(timeout=1) == []
+        assert rollouts.in_flight == 0 and rollouts.next_completed(timeout=1) == []
         assert all(len(r.token_ids) < 60 for r in driver.ended if r.finish_reason == "abort")
 
         # SARA as events: a prompt that never succeeds is abandoned (an in-flight sibling is aborted); prompts
@@ -148,7 +148,7 @@ def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(vllm_s
         sara = make_filler("sara", group_size=4, probe=2, tau_low=0.45).start_event_round(
             np.arange(1000), budget=80, target_groups=3)
         score = lambda r: 0.0 if r.tag % 2 == 0 else float(r.rid % 2)  # noqa: E731
-        driver = run_round(sara, engine, prompts.__getitem__, score, max_tokens=60, max_inflight=12, timeout=120)
+        driver = run_round(sara, rollouts, prompts.__getitem__, score, max_tokens=60, max_inflight=12, timeout=120)
         by_pid = check_accounting(driver, sara, 80, 4, 60, success=score)
         assert sara.abandoned and all(pid % 2 == 1 for pid in sara.groups)  # even prompts never mix
         # eq. 3 abandons unmixed prompts only (an odd prompt can be one: when the window splits its probes,
@@ -159,7 +159,7 @@ def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(vllm_s
         for r in driver.ended:  # every aborted rollout belongs to a decided prompt or came after the target
             if r.finish_reason == "abort":
                 assert r.tag in sara.abandoned or r.tag not in sara.groups
-        assert engine.in_flight == 0 and sum(len(v) for v in by_pid.values()) == driver.spent
+        assert rollouts.in_flight == 0 and sum(len(v) for v in by_pid.values()) == driver.spent
 
         # in-stream pruning at the detection point: the rollouts named at their snapshot are aborted in the
         # engine and end pruned (spent, no reward, filling their group); the rest run on in their request
@@ -170,7 +170,7 @@ def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(vllm_s
             calls.append(sorted(r.rid for r in snaps))
             return [r.rid for r in snaps if r.rid % 4 == 0]
 
-        driver = run_round(full, engine, prompts.__getitem__, lambda r: float(r.rid % 2), max_tokens=120,
+        driver = run_round(full, rollouts, prompts.__getitem__, lambda r: float(r.rid % 2), max_tokens=120,
                            max_inflight=24, timeout=120, detect_at=6, on_detect=doomed)
         cohorts = sorted(rid for call in calls for rid in call)
         assert cohorts == sorted(r.rid for r in driver.ended)  # every rollout's snapshot, exactly once
@@ -192,7 +192,7 @@ def test_server_dynamic_sampling_aborts_the_surplus_with_exact_accounting(vllm_s
         assert sum(kind == "prune" for kind, _, _ in driver.events) == n_pruned and full.spent == 24
         assert len(full.groups) == 6 and driver.tokens == sum(len(r.token_ids) for r in driver.ended)
     finally:
-        engine.close()
+        rollouts.close()
 
 
 def test_plan_engine_model_reports_gpu_seconds_per_effective_group(capsys):
@@ -254,18 +254,18 @@ def test_plan_builds_sara_with_its_overcommit(overcommit):
 
 
 def test_a_rollout_the_server_cannot_generate_fails_the_round_clearly():
-    """No server at the URL: each streamed request fails, and the round stops with the engine's error."""
+    """No server at the URL: each streamed request fails, and the round stops with the rollout backend's error."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # free, nothing listens
-    engine = VLLMServerRollouts(f"http://127.0.0.1:{port}", model="m", request_timeout=5)
+    rollouts = VLLMServerRollouts(f"http://127.0.0.1:{port}", model="m", request_timeout=5)
     try:
         with pytest.raises(RuntimeError, match="failed in the rollout backend: ConnectionError"):
-            run_round(ds_round(8, 2, 1), engine, lambda pid: [1, 2], lambda r: 1.0, max_tokens=4, timeout=30)
+            run_round(ds_round(8, 2, 1), rollouts, lambda pid: [1, 2], lambda r: 1.0, max_tokens=4, timeout=30)
     finally:
-        engine.close()
+        rollouts.close()
 
 
 def test_pruning_only_mixed_prompts_spares_saras_probes():

@@ -64,11 +64,11 @@ def test_held_out_rollouts_are_never_pruned_nor_trained_on(tmp_path):
     gated = RolloutPruner(make_args(str(tmp_path), **GATED), hidden_size=H, seed=0)
     gated.policy.gate.min_auc, gated.policy.rounds = 1e-9, 2  # open on any evidence, past the cold start
     y = np.array([0, 1] * 20)
-    gated.policy.gate.observe(y + np.linspace(0, 0.1, 40), y)
+    gated.policy.gate.observe(y + np.linspace(0, 0.1, 40), y, np.repeat(np.arange(10), 4))
     assert gated.active
     x = np.random.default_rng(1).normal(size=(64, H)).astype(np.float32)
     cut = set(gated.decide(np.repeat(np.arange(8), 8), range(64), list(x)))
-    held = {k for k, v in gated._scored.items() if v[2]}
+    held = {k for k, v in gated._scored.items() if v[2] is not None}
     assert cut and held and not cut & held
     gated.record([{"pid": i // 8, "success": float(i % 2), "completion_ids": [5] * 6, "pruned": i in cut}
                   for i in range(64)])

@@ -202,9 +202,9 @@ def test_the_default_gate_keeps_pruning_off_until_the_head_is_measured(tmp_path,
     assert trainer.allocator.counters["responses"] == len(rows) == 4 * 16
     logged = [x for x in trainer.state.log_history if "arrol/gate_open" in x]
     assert len(logged) == 4 and all(x["arrol/gate_open"] == 0.0 for x in logged)
-    assert all(0 < x["arrol/heldout_samples"] < 4 * 16 for x in logged[1:])
+    assert all(0 <= x["arrol/heldout_samples"] <= 4 * 16 for x in logged)
     out = capsys.readouterr().out
-    assert out.count("ARROL pruning is off") == 1 and "needs 16 of each" in out
+    assert out.count("ARROL pruning is off") == 1 and "mixed groups to measure the head" in out
     gate = trainer.write_allocation_report()["pruning"]["gate"]
     assert gate["open"] is False and gate["min_auc"] == 0.6
     trainer.pruner.save(tmp_path)

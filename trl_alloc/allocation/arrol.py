@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.optimize import brentq
 from scipy.special import expit
-from scipy.stats import mannwhitneyu, rankdata
+from scipy.stats import norm, rankdata
 
 from ._checks import check_finite, check_int, check_open_unit
 from .registry import register
@@ -211,21 +211,24 @@ class ScoreCalibrator:
 
 
 class AUCGate:
-    """Prune only behind a head that ranks better than a coin (docs/arrol.md, "The gate"; not in the paper).
+    """Prune only behind a head that ranks a group's rollouts better than a coin (docs/arrol.md, "The gate"; not
+    in the paper).
 
-    Holds the (score, label) pairs of the last `window` held-out rollouts: scored by the head before it could train
-    on them, never trained on, never pruned. Open when, with at least `min_per_class` of each label, their AUC is
-    >= `min_auc` and Mann-Whitney's one-sided test rejects AUC = 0.5 at level `alpha` (so a few lucky rollouts
-    cannot open it). `min_auc = 0` disables the gate (always open)."""
+    Holds (score, label, group) of the last `window` held-out rollouts: whole groups, scored by the head before it
+    could train on them, never trained on, never pruned. Its AUC is over pairs of the *same* group
+    (`within_group_auc`): survival probabilities are normalised inside each group (eq. 3), so ranking prompts
+    against each other (what makes a pooled AUC high) buys pruning nothing. Open when at least `min_groups` groups
+    are mixed, that AUC is >= `min_auc`, and a stratified Mann-Whitney test (each group's U under the null, pooled
+    with the same pair weights, normal approximation) rejects 0.5 at level `alpha`. `min_auc = 0` disables it."""
 
-    def __init__(self, min_auc: float = 0.7, window: int = 512, min_per_class: int = 16, alpha: float = 0.001) -> None:
+    def __init__(self, min_auc: float = 0.7, window: int = 512, min_groups: int = 8, alpha: float = 0.001) -> None:
         self.min_auc = float(min_auc)
         if not 0 <= self.min_auc <= 1:
             raise ValueError(f"`min_auc` must lie in [0, 1] (0 turns the gate off), got {min_auc!r}.")
         self.window = check_int("window", window, minimum=1)
-        self.min_per_class = check_int("min_per_class", min_per_class, minimum=1)
+        self.min_groups = check_int("min_groups", min_groups, minimum=1)
         self.alpha = check_open_unit("alpha", alpha)
-        self._pairs = deque(maxlen=self.window)
+        self._items = deque(maxlen=self.window)
         self._figures = self._measure()
 
     @property
@@ -237,47 +240,67 @@ class AUCGate:
         return self._figures["open"]
 
     def figures(self) -> dict:
-        """{"open", "auc", "p_value", "positives", "negatives"} of the current window (auc NaN with one class)."""
+        """{"open", "auc" (within groups), "pooled_auc", "p_value", "mixed_groups", "rollouts"} of the window (the
+        AUCs are NaN without a mixed group / without both labels)."""
         return dict(self._figures)
 
-    def observe(self, scores: ArrayLike, labels: ArrayLike) -> None:
-        """Held-out rollouts' head logits (from before the head saw them) and 0/1 final rewards."""
+    def observe(self, scores: ArrayLike, labels: ArrayLike, groups: Iterable[Hashable]) -> None:
+        """Held-out rollouts' head logits (from before the head saw them), 0/1 final rewards and group keys (a key
+        names one group of one round)."""
         s, y = _paired(scores, labels)
-        self._pairs.extend(zip(s.tolist(), y.tolist()))
+        keys = [str(g) for g in groups]
+        if len(keys) != s.size:
+            raise ValueError(f"`groups` must name the group of each of the {s.size} rollouts, got {len(keys)}.")
+        self._items.extend(zip(s.tolist(), y.tolist(), keys))
         self._figures = self._measure()
 
     def _measure(self):
-        s = np.array([p[0] for p in self._pairs], float)
-        y = np.array([p[1] for p in self._pairs], np.int64)
-        n1 = int(y.sum())
-        n0 = y.size - n1
-        auc = binary_auc(s, y) if y.size else float("nan")
-        p = float(mannwhitneyu(s[y == 1], s[y == 0], alternative="greater").pvalue) if n1 and n0 else 1.0
-        enough = n1 >= self.min_per_class and n0 >= self.min_per_class
-        is_open = not self.enabled or (enough and auc >= self.min_auc and p <= self.alpha)
-        return {"open": bool(is_open), "auc": auc, "p_value": p, "positives": n1, "negatives": n0}
+        by = {}
+        for score, label, key in self._items:
+            by.setdefault(key, ([], []))[label].append(score)
+        total = weight = var = 0.0
+        mixed = 0
+        for neg, pos in by.values():
+            n1, n0 = len(pos), len(neg)
+            if n1 and n0:
+                mixed += 1
+                w = n1 * n0
+                total += w * binary_auc(pos + neg, [1] * n1 + [0] * n0)
+                weight += w
+                var += w * w * (n1 + n0 + 1) / (12.0 * n1 * n0)
+        auc = total / weight if weight else float("nan")
+        p = float(norm.sf((auc - 0.5) / (np.sqrt(var) / weight))) if weight else 1.0
+        s = np.array([i[0] for i in self._items], float)
+        y = np.array([i[1] for i in self._items], np.int64)
+        pooled = binary_auc(s, y) if y.size else float("nan")
+        is_open = not self.enabled or (mixed >= self.min_groups and auc >= self.min_auc and p <= self.alpha)
+        return {"open": bool(is_open), "auc": auc, "pooled_auc": pooled, "p_value": p, "mixed_groups": mixed,
+                "rollouts": len(self._items)}
 
     def reason(self) -> str:
         """Why it is closed (or that it is open), in words for a log line."""
         f = self._figures
         if not self.enabled:
             return "the gate is off (min_auc=0)"
-        seen = f"{f['positives']} successes and {f['negatives']} failures held out"
-        if min(f["positives"], f["negatives"]) < self.min_per_class:
-            return f"{seen}; it needs {self.min_per_class} of each to measure the head"
+        seen = f"{f['mixed_groups']} mixed groups among {f['rollouts']} held-out rollouts"
+        if f["mixed_groups"] < self.min_groups:
+            return f"{seen}; it needs {self.min_groups} mixed groups to measure the head"
         verdict = "open" if f["open"] else "closed"
-        return (f"the quality head's held-out AUC is {f['auc']:.3f} over {seen} (one-sided p = {f['p_value']:.2g}); "
-                f"the gate is {verdict} at AUC >= {self.min_auc:g} and p <= {self.alpha:g}")
+        return (f"the quality head's held-out AUC within groups is {f['auc']:.3f} over {seen} (one-sided p = "
+                f"{f['p_value']:.2g}; pooled across groups {f['pooled_auc']:.3f}); the gate is {verdict} at AUC >= "
+                f"{self.min_auc:g} and p <= {self.alpha:g}")
 
     def state_dict(self) -> dict:
-        return {"scores": [p[0] for p in self._pairs], "labels": [p[1] for p in self._pairs]}
+        return {"scores": [i[0] for i in self._items], "labels": [i[1] for i in self._items],
+                "groups": [i[2] for i in self._items]}
 
     def load_state_dict(self, state: dict) -> None:
-        """The held-out pairs; the thresholds are this run's (a resumed run may change them)."""
-        self._pairs.clear()
+        """The held-out rollouts; the thresholds are this run's (a resumed run may change them)."""
+        self._items.clear()
         if state["scores"]:
-            self.observe(state["scores"], state["labels"])
+            self.observe(state["scores"], state["labels"], state["groups"])
         self._figures = self._measure()
+
 
 @register("pruning", "arrol")
 class ARROLPruning:
@@ -309,11 +332,14 @@ class ARROLPruning:
         """Past the cold start and the gate open: pruning decisions are made (else every rollout survives)."""
         return self.rounds >= self.cold_start_rounds and self.gate.is_open
 
-    def hold_out(self, n: int) -> np.ndarray:
-        """Which of `n` eligible rollouts go to the gate's held-out slice (never pruned, never trained on)."""
-        if not self.heldout_fraction:
-            return np.zeros(int(n), bool)
-        return self.holdout_rng.random(int(n)) < self.heldout_fraction
+    def hold_out(self, groups: ArrayLike) -> np.ndarray:
+        """Which eligible rollouts go to the gate's held-out slice (never pruned, never trained on): whole groups,
+        each with probability `heldout_fraction`. `groups`: each rollout's group in this decision."""
+        groups = np.asarray(groups)
+        if not self.heldout_fraction or groups.size == 0:
+            return np.zeros(groups.size, bool)
+        uniq, inverse = np.unique(groups, return_inverse=True)
+        return (self.holdout_rng.random(uniq.size) < self.heldout_fraction)[inverse.reshape(-1)]
 
     def keep_probabilities(self, groups: ArrayLike, logits: ArrayLike) -> np.ndarray:
         """Survival probability of each eligible rollout; `groups`: its prompt id, `logits`: its head logit."""
@@ -332,13 +358,15 @@ class ARROLPruning:
             return np.zeros(groups.size, bool)
         return ~sample_survivors(self.keep_probabilities(groups, logits), self.rng)
 
-    def observe(self, logits: ArrayLike, labels: ArrayLike, heldout: ArrayLike | None = None) -> None:
+    def observe(self, logits: ArrayLike, labels: ArrayLike, heldout: ArrayLike | None = None,
+                groups: Iterable[Hashable] | None = None) -> None:
         """Completed eligible rollouts' (logit, 0/1 label) into the calibrator's buffer; the `heldout` ones also
-        into the gate (their logits were computed before the head could train on them)."""
+        into the gate, with their `groups` (their logits were computed before the head could train on them)."""
         self.calibrator.update(logits, labels)
         if heldout is not None and np.any(heldout):
             held = np.asarray(heldout, bool)
-            self.gate.observe(np.asarray(logits)[held], np.asarray(labels)[held])
+            self.gate.observe(np.asarray(logits)[held], np.asarray(labels)[held],
+                              [g for g, h in zip(groups, held) if h])
 
     def end_round(self) -> None:
         self.rounds += 1

@@ -5,7 +5,7 @@ prompt (g = 4, N_max = 2), C = 132 units. Prints a table per allocator (budget s
 groups, EGR, responses per effective group, pacing gap, scheduler ms/round, selection lift) and
 writes plan.json and PNG plots to --output_dir.
 
-Then the same fillers on a model of the inference engine (`rollout.engine_model`: continuous batching of
+Then the same fillers on the engine model, a simulated vLLM engine (`rollout.engine_model`: continuous batching of
 --engine_seqs sequences, one decode step of --step_ms per token, response lengths lognormal with median
 --length_median under the papers' 2,048-token cap), for the first --engine_rounds rounds, synchronous
 (each call waits for its longest rollout) and as events: engine seconds per round, responses, tokens and

@@ -1,12 +1,12 @@
 """The rollout backend: submit rollouts, receive each one as soon as it finishes, abort the ones still running
 (`rollout.drivers.RoundDriver` runs the fillers' event rounds over it).
 
-    engine = VLLMServerRollouts("http://127.0.0.1:8000")     # or BatchedRollouts(backend.generate)
-    rids = engine.submit(prompt_ids, n=2, max_tokens=64, tag=pid)
-    while engine.in_flight:
-        for rollout in engine.next_completed():               # blocks until at least one finishes
+    rollouts = VLLMServerRollouts("http://127.0.0.1:8000")   # or BatchedRollouts(backend.generate)
+    rids = rollouts.submit(prompt_ids, n=2, max_tokens=64, tag=pid)
+    while rollouts.in_flight:
+        for rollout in rollouts.next_completed():             # blocks until at least one finishes
             ...                                               # decide; submit more; abort the surplus
-    partials = engine.abort(rids)                             # finish_reason "abort", tokens so far
+    partials = rollouts.abort(rids)                           # finish_reason "abort", tokens so far
 
 Accounting: every submitted rollout ends as exactly one `Rollout` (finished or aborted), whose
 `token_ids` are every token it generated; an aborted one keeps what it had generated.

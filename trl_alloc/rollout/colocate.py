@@ -125,16 +125,17 @@ class VLLMColocateRollouts(StreamedRollouts):
         self._finish(r)
 
 
-# ---------------------------------------------------------------------- several ranks, one engine each
+# ---------------------------------------------------------------------- several ranks, one vLLM engine each
 STOP = "stop"
 
 
-class RankEngine:
-    """On every rank: its own colocate engine (`VLLMColocateRollouts`), its rollouts known by the ids the main
-    process gave them. `apply(cmd)` runs one exchange's part on this rank: start the rollouts assigned to it,
-    abort the named ones, step the engine (at most `steps` times, stopping once one of its rollouts has ended),
-    count the tokens of the ones in flight, close; returns ("ok", ended rollouts, {rid: tokens so far} when
-    counted) or ("error", message, {})."""
+class LocalRankRollouts:
+    """One rank's part of the multi-process colocate rollout backend (`RankedRollouts` is the main process's side),
+    on every rank: it owns this rank's colocate engine (through `VLLMColocateRollouts`), its rollouts known by the
+    ids the main process gave them. `apply(cmd)` runs one exchange's part on this rank: start the rollouts
+    assigned to it, abort the named ones, step the engine (at most `steps` times, stopping once one of its
+    rollouts has ended), count the tokens of the ones in flight, close; returns ("ok", ended rollouts, {rid:
+    tokens so far} when counted) or ("error", message, {})."""
 
     def __init__(self, local: VLLMColocateRollouts, rank: int, steps: int = 4) -> None:
         self.local, self.rank, self.steps, self.ids = local, int(rank), int(steps), {}  # local rid -> global rid
@@ -171,10 +172,10 @@ class RankedRollouts:
     """The main process's rollout backend over every rank's colocate engine (multi-process colocate mode): each
     submission (one prompt's cohort) goes to the rank with the fewest rollouts in flight, ended rollouts are
     gathered from every rank at each exchange, and decisions stay here. `broadcast(obj)` and `all_gather(obj)`
-    are the process group's collectives; every other rank runs `RankEngine.follow` while the main process may
+    are the process group's collectives; every other rank runs `LocalRankRollouts.follow` while the main process may
     exchange, and `release()` ends that."""
 
-    def __init__(self, host: RankEngine, world_size: int, broadcast: Callable[[Any], Any],
+    def __init__(self, host: LocalRankRollouts, world_size: int, broadcast: Callable[[Any], Any],
                  all_gather: Callable[[Any], list]) -> None:
         self.host, self.world = host, int(world_size)
         self._broadcast, self._all_gather = broadcast, all_gather
@@ -246,4 +247,4 @@ class RankedRollouts:
         self._broadcast(STOP)
 
 
-__all__ = ["VLLMColocateRollouts", "RankEngine", "RankedRollouts", "engine_worker", "extend_worker"]
+__all__ = ["VLLMColocateRollouts", "LocalRankRollouts", "RankedRollouts", "engine_worker", "extend_worker"]

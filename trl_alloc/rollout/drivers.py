@@ -52,7 +52,7 @@ class RoundDriver:
         self.window = None if max_inflight is None else int(max_inflight)
         self.live, self.events, self.ended = {}, [], []  # live: rollout id -> prompt id
         self.spent = self.tokens = self.aborted = 0
-        self.waited_s = 0.0  # seconds spent waiting for the engine
+        self.waited_s = 0.0  # seconds spent waiting for the rollout backend
         self._batch, self._held = [], []
         self._cohorts, self._cohort_of = itertools.count(), {}  # rid -> cohort id
         self._unresolved, self._snapshots = {}, {}  # cohort -> rids yet to reach the point or end; its snapshots
@@ -109,7 +109,7 @@ class RoundDriver:
                 raise TimeoutError(f"no rollout ended within {self.timeout} s ({len(self.live)} in flight); is the "
                                    "inference server alive? (raise the timeout for long generations)")
         failed = [r for r in batch if (r.finish_reason or "").startswith("error")]
-        if failed:  # a rollout the engine could not generate: the round cannot be decided on
+        if failed:  # a rollout the rollout backend could not generate: the round cannot be decided on
             raise RuntimeError(f"rollout {failed[0].rid} (prompt {failed[0].tag}) failed in the rollout backend: "
                                f"{failed[0].finish_reason[len('error: '):]}")
         if self.detect_at:  # the detection point: prune (abort) or go on, a whole cohort at a time
@@ -224,7 +224,7 @@ class StreamDriver(RoundDriver):
                  detect_at: int | None = None, on_detect: Callable[[list[Rollout]], Iterable[int]] | None = None,
                  on_observe: Callable[[list[dict]], Any] | None = None) -> None:
         """`on_observe(rows)`: also told every observed batch (a stream's event rounds are fed directly, so the
-        pruner that learns from ended rollouts, which an events round's engine feeds, is fed here)."""
+        pruner that learns from ended rollouts, which an events round's allocator feeds, is fed here)."""
         super().__init__(None, rollouts, prompt_ids_of, max_tokens, max_inflight, timeout, detect_at, on_detect)
         self.on_observe = on_observe
         self.max_staleness = int(max_staleness)
@@ -285,8 +285,8 @@ class StreamDriver(RoundDriver):
         return None
 
     def _drop_orphans(self, batch):
-        """Rollouts a closed round dropped that ended before its abort reached them (the engine hands them back
-        later): observed there as aborted, never shown to the caller."""
+        """Rollouts a closed round dropped that ended before its abort reached them (the rollout backend hands
+        them back later): observed there as aborted, never shown to the caller."""
         keep = []
         for r in batch:
             old = self._orphans.pop(r.rid, None)

@@ -1,5 +1,6 @@
-"""A model of a continuous-batching inference engine on a virtual clock, as a `rollout.backends` backend: what
-`scripts/plan.py` and the tests use to compare synchronous and event-driven rounds at any scale.
+"""The engine model: a simulation of a continuous-batching vLLM engine on a virtual clock (no vLLM, no model, no
+device), behind the rollout backend's interface (`rollout.backends`): what `scripts/plan.py` and the tests use to
+compare synchronous and event-driven rounds at any scale. "The engine" below is that simulated vLLM engine.
 
 At most `max_num_seqs` rollouts decode at once (the rest wait, first in first out); every running rollout gains one
 token per engine step; a step lasts `step_s` seconds whatever the batch (a GPU: decoding is memory-bound), or `a +
@@ -36,6 +37,9 @@ from .drivers import StreamDriver, run_round
 
 
 class SimulatedRollouts:
+    """The engine model: a simulated vLLM engine on a virtual clock, behind the rollout backend's interface (module
+    docstring)."""
+
     def __init__(self, outcome: Callable[[Any, np.random.Generator], tuple[float, float]], max_num_seqs: int = 256,
                  step_s: float | tuple[float, float] = 1.0, seed: int | Sequence[int] = 0) -> None:
         self.outcome, self.slots = outcome, int(max_num_seqs)
@@ -191,10 +195,10 @@ def learning_signal(rows: Sequence[dict]) -> float:
 
 
 def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: float | None = None) -> dict:
-    """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model, with the trainer in
-    the loop. `mode`: "sync" (each filler call submitted whole and decided when its last rollout ends),
-    "events" (one `RoundDriver` per round) or "stream" (one `StreamDriver` across rounds: carry-over, the next
-    round generating while this one trains, `args.max_staleness`). The pool is
+    """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model (a simulated vLLM
+    engine), with the trainer in the loop. `mode`: "sync" (each filler call submitted whole and decided when its
+    last rollout ends), "events" (one `RoundDriver` per round) or "stream" (one `StreamDriver` across rounds:
+    carry-over, the next round generating while this one trains, `args.max_staleness`). The pool is
     `allocation.simulate.DriftingPool`, response lengths lognormal (median `args.length_median`, σ
     `args.length_sigma`) cut at `args.max_tokens`. Training a round takes its trained tokens ×
     `args.train_ms_per_token` / `args.train_gpus`, then `args.sync_s` for the weight push; sync and events

@@ -92,8 +92,8 @@ class RolloutPruner:
         self._round = {"eligible": 0, "pruned": 0, "finished_early": 0, "generation_s": 0.0, "scoring_s": 0.0,
                        "survivor_labels": [], "lengths": {}, "cut": []}
         self._train = []  # (features, logits, labels) of completed eligible rollouts this round
-        self._heldout = []  # (logit, label) of completed held-out rollouts this round: the gate's, never trained on
-        self._scored = {}  # eligible rollouts not yet recorded: key -> (features, logit, held out)
+        self._heldout = []  # (logit, label, group) of this round's completed held-out rollouts: the gate's only
+        self._scored = {}  # eligible rollouts not yet recorded: key -> (features, logit, held-out group or None)
 
     @property
     def active(self) -> bool:
@@ -120,9 +120,10 @@ class RolloutPruner:
             if not given:
                 self.head.eval()
                 logits = self.head(feats).double().numpy()
-        held = self.policy.hold_out(len(keys))
-        for j, key in enumerate(keys):
-            self._scored[key] = (None if feats is None else feats[j], float(logits[j]), bool(held[j]))
+        held = self.policy.hold_out(groups)
+        for j, key in enumerate(keys):  # a held-out rollout keeps its group's key: this round's group
+            group = f"{self.policy.rounds}:{groups[j]}" if held[j] else None
+            self._scored[key] = (None if feats is None else feats[j], float(logits[j]), group)
         self._round["eligible"] += len(keys)
         cut = np.zeros(len(keys), bool)
         cut[~held] = self.policy.prune(np.asarray(groups, np.int64)[~held],
@@ -163,8 +164,8 @@ class RolloutPruner:
             elif np.isfinite(row["success"]):  # the trainer's success signal (0/1), NaN = unscored
                 label = int(row["success"])
                 self._round["survivor_labels"].append(label)
-                if scored[2]:
-                    self._heldout.append((scored[1], label))
+                if scored[2] is not None:
+                    self._heldout.append((scored[1], label, scored[2]))
                 elif scored[0] is not None:
                     self._train.append((scored[0], scored[1], label))
         if "rid" not in (rows[0] if rows else {}):
@@ -214,14 +215,16 @@ class RolloutPruner:
             out["arrol/head_samples"] = float(labels.size)
             out["arrol/head_loss"] = self.train_head(feats, torch.as_tensor(labels, dtype=torch.float32))
         if self._train or self._heldout:
-            pairs = [(t[1], t[2], False) for t in self._train] + [(s, y, True) for s, y in self._heldout]
-            logits, labels, held = (np.array(c) for c in zip(*pairs))
-            self.policy.observe(logits, labels, held)
+            rows = [(t[1], t[2], None) for t in self._train] + self._heldout
+            self.policy.observe([r[0] for r in rows], [r[1] for r in rows], [r[2] is not None for r in rows],
+                                [r[2] for r in rows])
         if self.policy.gate.enabled:
             gate = self.policy.gate.figures()
-            if np.isfinite(gate["auc"]):
-                out["arrol/auc_heldout"] = gate["auc"]
-            out["arrol/heldout_samples"] = float(gate["positives"] + gate["negatives"])
+            for key, name in (("auc", "arrol/auc_heldout"), ("pooled_auc", "arrol/auc_heldout_pooled")):
+                if np.isfinite(gate[key]):
+                    out[name] = gate[key]
+            out["arrol/heldout_samples"] = float(gate["rollouts"])
+            out["arrol/heldout_mixed_groups"] = float(gate["mixed_groups"])
             out["arrol/gate_open"] = float(gate["open"])
         self.policy.end_round()
         self._say_gate()
@@ -251,8 +254,8 @@ class RolloutPruner:
         if self.policy.gate.enabled:
             gate = self.policy.gate.figures()
             out["gate"] = {"open": gate["open"], "auc_heldout": None if not np.isfinite(gate["auc"]) else gate["auc"],
-                           "heldout": gate["positives"] + gate["negatives"], "min_auc": self.policy.gate.min_auc,
-                           "reason": self.policy.gate.reason()}
+                           "heldout": gate["rollouts"], "mixed_groups": gate["mixed_groups"],
+                           "min_auc": self.policy.gate.min_auc, "reason": self.policy.gate.reason()}
         return out
 
     def train_head(self, features: torch.Tensor, labels: torch.Tensor) -> float:

@@ -100,7 +100,7 @@ def backbone_of(model: nn.Module) -> nn.Module:
 
     LoRA layers live inside the decoder, so a LoRA policy's adapted hidden states come out of it."""
     inner = model
-    while hasattr(inner, "module") and not hasattr(inner, "get_decoder"):  # DDP / DeepSpeed engine
+    while hasattr(inner, "module") and not hasattr(inner, "get_decoder"):  # DDP's or DeepSpeed's model wrapper
         inner = inner.module
     if hasattr(inner, "get_base_model"):  # PeftModel
         inner = inner.get_base_model()

@@ -6,7 +6,7 @@ rollout backend (`rollout.drivers.RoundDriver`) and every rank scores each batch
                                                    rows = scored across ranks (TRL's reward step)
     observe(rows): decide, abort the surplus  ◄──  the rows
 
-The engine: vLLM server mode streams one request per rollout (`rollout.backends.VLLMServerRollouts`, after
+The rollout backend: vLLM server mode streams one request per rollout (`rollout.backends.VLLMServerRollouts`, after
 the usual weight push). ARROL prunes inside that stream: the quality head's weights go to the server with
 the weights, the worker scores each rollout at `detect_length` tokens, and the main process decides a
 cohort (one submission's rollouts) at a time; pruned rollouts are aborted in the engine, survivors go on in
@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ..rollout.colocate import RankedRollouts, RankEngine, VLLMColocateRollouts
+from ..rollout.colocate import RankedRollouts, LocalRankRollouts, VLLMColocateRollouts
 from ..rollout.backends import BatchedRollouts, VLLMServerRollouts
 from ..rollout.drivers import RoundDriver, StreamDriver
 from .trl_compat import (colocate_llm, sleep_colocate_engine, sync_vllm_weights, tokenize_prompts, vllm_server_url,
@@ -46,7 +46,7 @@ def _plain(rollouts):
 class EventRoundMixin:
     """`_run_event_round`: one round in events mode (module docstring)."""
 
-    _ranks = None  # colocate on several processes: the ranked engine (main) or this rank's part of it
+    _ranks = None  # colocate on several processes: the ranked rollout backend (main) or this rank's part of it
 
     def _rollout_mode_notice(self):
         args = self.args
@@ -77,7 +77,7 @@ class EventRoundMixin:
 
     def _rollout_backend(self):
         """The rollout backend (main process; with `colocate_ranks`, every rank: the main process gets the ranked
-        engine, the others their own part of it, kept in `_ranks`)."""
+        rollout backend, `RankedRollouts`, the others their own part of it, `LocalRankRollouts`; kept in `_ranks`)."""
         args = self.args
         if not self.use_vllm:
             return BatchedRollouts()
@@ -88,7 +88,7 @@ class EventRoundMixin:
                                          top_k=args.top_k or 0, extra=extra, quality_head=head)
             if not self.colocate_ranks:
                 return local
-            host = RankEngine(local, self.accelerator.process_index)
+            host = LocalRankRollouts(local, self.accelerator.process_index)
             main = self.accelerator.is_main_process
             self._ranks = RankedRollouts(host, self.accelerator.num_processes, self._broadcast,
                                          self._all_gather) if main else host
@@ -118,8 +118,8 @@ class EventRoundMixin:
         return rows
 
     def _run_event_round(self):
-        """The round's rows and its log (seconds waited on the engine) on every rank; the main process's log also
-        has the order of events (for the round log, not broadcast)."""
+        """The round's rows and its log (seconds waited on the rollout backend) on every rank; the main process's log
+        also has the order of events (for the round log, not broadcast)."""
         if self.use_vllm:
             sync_vllm_weights(self)
         with self._colocate_awake():
@@ -232,7 +232,7 @@ class StreamRoundMixin:
         self._stream_open = True
 
     def _run_stream_round(self):
-        """(rows that ended this round, the rows to train with their staleness, the engine's summary, the number of
+        """(rows that ended this round, the rows to train with their staleness, the allocator's summary, the number of
         prompts admitted, the log) on every rank."""
         driver = self._stream_driver()
         self._stream_push()
