@@ -179,12 +179,13 @@ class AllocGRPOConfig(GRPOConfig):
     calibration_alpha: float = field(default=1.0, metadata={
         "help": "Laplace smoothing α of the calibrator's per-bin counts."})
     pruning_min_auc: float = field(default=0.7, metadata={
-        "help": "ARROL's gate (docs/arrol.md, 'The gate'): prune only while the quality head's AUC on held-out "
-        "rollouts is at least this (and significantly above 0.5, one-sided p <= 0.001); otherwise rollouts run to the "
-        "end. 0 turns the gate off. Not in the paper: at small scale the head can rank no better than a coin."})
+        "help": "ARROL's gate (docs/arrol.md, 'The gate'): prune only while the quality head ranks a group's "
+        "held-out rollouts with AUC at least this (within groups, significantly above 0.5: one-sided p <= 0.001); "
+        "otherwise rollouts run to the end. 0 turns the gate off. Not in the paper: at small scale the head can rank "
+        "no better than a coin."})
     pruning_heldout_fraction: float = field(default=0.2, metadata={
-        "help": "Share of the eligible rollouts the gate holds out: never pruned, never trained on, scored by the "
-        "head before it sees them."})
+        "help": "Share of the groups whose eligible rollouts the gate holds out, whole: never pruned, never trained "
+        "on, scored by the head before it sees them."})
     pruning_gate_window: int = field(default=512, metadata={
         "help": "The gate's AUC is measured over this many of the latest held-out rollouts."})
     quality_head_init: str | None = field(default=None, metadata={
