@@ -38,6 +38,7 @@ setup(
             "trl-alloc-eval=trl_alloc.cli.eval:main",
             "trl-alloc-plan=trl_alloc.cli.plan:main",
             "trl-alloc-bench=trl_alloc.cli.bench:main",
+            "trl-alloc-bench-learning=trl_alloc.cli.bench_learning:main",
         ],
         # run by vLLM in each of its processes before it builds an engine: AMX tile permission on CPUs with AMX
         "vllm.general_plugins": ["trl_alloc_cpu_features=trl_alloc.serving.cpu_features:vllm_plugin"],

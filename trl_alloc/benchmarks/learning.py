@@ -1,0 +1,193 @@
+"""The learning-regime benchmark (scripts/bench_learning.py): whole `scripts/train.py` runs, one per method and seed,
+each with its held-out curve (`--eval_every`), compared in the user's currency: held-out accuracy against responses
+spent and against the run's seconds (generation and training, evaluation excluded).
+
+Figures, paired by seed against stock (pacing uniform, filling full: TRL's GRPO, tests/trainer/test_trl_parity.py):
+- the final accuracy at the matched budget, and its difference to stock's;
+- the responses and seconds a method needs to reach stock's final held-out accuracy (`cost_to_reach`: the first
+  crossing on its curve, interpolated linearly between evaluations), as a ratio to stock's own;
+- means with two-sided 95% Student-t intervals over seeds (`paired`).
+
+Each finished run is one JSON file in the runs folder (`<method>-s<seed>.json`); a run already there is not run
+again, so later sessions add seeds and methods to the same folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..allocation.allocator import json_default
+from .methods import method_recipe
+
+STOCK = "stock"
+TRAIN_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "scripts", "train.py")
+
+
+def method_flags(method: str) -> list[str]:
+    """`train.py` flags of a bench method (`benchmarks.methods.method_recipe`); stock is TRL's GRPO through our
+    trainer (pacing uniform, filling full)."""
+    stages = method_recipe(method)[1] or {"pacing": "uniform", "filling": "full"}
+    flags = []
+    for key, value in stages.items():
+        flags += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value)]
+    return flags
+
+
+def run_path(runs_dir: str, method: str, seed: int) -> str:
+    return os.path.join(runs_dir, f"{method}-s{seed}.json")
+
+
+def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, work_dir: str, eval_every: int,
+            timeout: float | None = None) -> dict[str, Any]:
+    """One `train.py` run of `method` at `seed` (its output in `work_dir/<method>-s<seed>`); its record (settings,
+    curve, allocation summary, wall seconds) is written to the runs folder and returned."""
+    out = os.path.join(work_dir, f"{method}-s{seed}")
+    cmd = [sys.executable, TRAIN_SCRIPT, *train_args, *method_flags(method), "--seed", str(seed),
+           "--output_dir", out, "--eval_every", str(eval_every)]
+    os.makedirs(work_dir, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(out + ".log", "w", encoding="utf-8") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    wall_s = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{method} seed {seed}: train.py exited with {proc.returncode} (log: {out}.log)")
+    with open(os.path.join(out, "allocation", "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    keys = ("rounds", "responses_spent", "tokens_spent", "groups", "effective_groups", "effective_group_rate",
+            "responses_per_effective_group", "held_out_accuracy_before", "held_out_accuracy_after", "held_out_split",
+            "held_out_prompts", "held_out_samples", "held_out_backend", "held_out_curve", "budget_responses",
+            "methods")
+    record = {"method": method, "seed": seed, "command": cmd[1:], "wall_s": wall_s,
+              **{k: summary.get(k) for k in keys}}
+    os.makedirs(runs_dir, exist_ok=True)
+    with open(run_path(runs_dir, method, seed), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, default=json_default)
+    return record
+
+
+def load_runs(runs_dir: str) -> list[dict[str, Any]]:
+    """Every run record in the runs folder."""
+    if not os.path.isdir(runs_dir):
+        return []
+    runs = []
+    for name in sorted(os.listdir(runs_dir)):
+        if name.endswith(".json"):
+            with open(os.path.join(runs_dir, name), encoding="utf-8") as f:
+                runs.append(json.load(f))
+    return runs
+
+
+def cost_to_reach(curve: Sequence[dict[str, Any]], target: float, axis: str) -> float:
+    """The `axis` value ("responses" or "seconds") at which the curve first reaches `target` accuracy, linear
+    between the two evaluations around the crossing; inf if it never does."""
+    for i, point in enumerate(curve):
+        if point["accuracy"] >= target:
+            if i == 0:
+                return float(point[axis])
+            a, b = curve[i - 1], point
+            frac = (target - a["accuracy"]) / (b["accuracy"] - a["accuracy"])
+            return float(a[axis] + frac * (b[axis] - a[axis]))
+    return math.inf
+
+
+def paired(values: Iterable[float]) -> dict[str, Any]:
+    """Mean and two-sided 95% Student-t interval of per-seed values (finite ones; `n_inf` counts the others)."""
+    from scipy.stats import t
+
+    values = list(values)
+    finite = [v for v in values if math.isfinite(v)]
+    out = {"n": len(finite), "n_inf": len(values) - len(finite), "mean": None, "low": None, "high": None}
+    if finite:
+        mean = statistics.fmean(finite)
+        half = t.ppf(0.975, len(finite) - 1) * statistics.stdev(finite) / math.sqrt(len(finite)) \
+            if len(finite) > 1 else math.nan
+        out.update(mean=mean, low=mean - half, high=mean + half)
+    return out
+
+
+def compare(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method: final accuracy, its paired difference to stock, and the ratios of responses and seconds to
+    reach stock's final accuracy, over the seeds where stock ran too."""
+    by = {(r["method"], r["seed"]): r for r in runs}
+    methods = list(dict.fromkeys([STOCK] + [r["method"] for r in runs]))
+    rows = {}
+    for m in methods:
+        seeds = sorted(s for (mm, s) in by if mm == m)
+        both = [s for s in seeds if (STOCK, s) in by]
+        row = {"seeds": seeds, "final": paired(by[m, s]["held_out_accuracy_after"] for s in seeds),
+               "egr": paired(by[m, s]["effective_group_rate"] or 0.0 for s in seeds),
+               "responses": paired(by[m, s]["responses_spent"] for s in seeds),
+               "wall_s": paired(by[m, s]["held_out_curve"][-1]["seconds"] for s in seeds),
+               "d_final": paired(by[m, s]["held_out_accuracy_after"] - by[STOCK, s]["held_out_accuracy_after"]
+                                 for s in both)}
+        for axis in ("responses", "seconds"):
+            ratios = []
+            for s in both:
+                target = by[STOCK, s]["held_out_accuracy_after"]
+                stock = cost_to_reach(by[STOCK, s]["held_out_curve"], target, axis)
+                if stock > 0:  # (0: the start checkpoint was already there, nothing to compare)
+                    ratios.append(cost_to_reach(by[m, s]["held_out_curve"], target, axis) / stock)
+            row[f"{axis}_to_target_ratio"] = paired(ratios)
+        rows[m] = row
+    return rows
+
+
+def _interval(p: dict[str, Any], spec: str, scale: float = 1.0, sign: bool = False) -> str:
+    if p["mean"] is None:
+        return "never" if p["n_inf"] else "-"
+    s = f"{p['mean'] * scale:{'+' if sign else ''}{spec}}"
+    if p["n"] > 1:
+        s += f" [{p['low'] * scale:{'+' if sign else ''}{spec}}, {p['high'] * scale:{'+' if sign else ''}{spec}}]"
+    return s + (f" ({p['n_inf']} of {p['n'] + p['n_inf']} never)" if p["n_inf"] else "")
+
+
+def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
+    head = ("| method | seeds | held-out accuracy % | Δ vs stock (pp) | responses to stock's final (× stock) | "
+            "seconds to stock's final (× stock) | responses | run s | eff. group rate % |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for m, r in rows.items():
+        lines.append(f"| {method_recipe(m)[0] if m != STOCK else 'stock GRPO'} | {len(r['seeds'])} | "
+                     f"{_interval(r['final'], '.1f', 100)} | {_interval(r['d_final'], '.1f', 100, True)} | "
+                     f"{_interval(r['responses_to_target_ratio'], '.2f')} | "
+                     f"{_interval(r['seconds_to_target_ratio'], '.2f')} | {_interval(r['responses'], '.0f')} | "
+                     f"{_interval(r['wall_s'], '.0f')} | {_interval(r['egr'], '.1f', 100)} |")
+    return "\n".join(lines)
+
+
+def plot_curves(runs: Sequence[dict[str, Any]], path: str) -> str:
+    """Held-out accuracy against responses (left) and seconds (right), one line per run, a colour per method."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in runs:
+        curve = r["held_out_curve"]
+        for ax, axis in zip(axes, ("responses", "seconds")):
+            ax.plot([p[axis] for p in curve], [100 * p["accuracy"] for p in curve], marker=".", lw=1,
+                    color=colours[r["method"]], label=r["method"] if r["seed"] == min(
+                        x["seed"] for x in runs if x["method"] == r["method"]) else None)
+    for ax, label in zip(axes, ("responses spent", "run seconds (generation + training)")):
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out accuracy %")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["compare", "cost_to_reach", "load_runs", "markdown_table", "method_flags", "paired", "plot_curves",
+           "run_one"]

@@ -1,0 +1,85 @@
+"""Learning-regime benchmark (a script that prints and saves figures, not a test): whole `train.py` runs per method
+and seed at one response budget, each with a held-out curve, compared against stock GRPO in accuracy per response
+and per second (trl_alloc/benchmarks/learning.py). Everything after `--` goes to train.py, so any dataset it takes
+works (`--dataset_name train.jsonl --test_dataset_name test.jsonl`).
+
+    python scripts/bench_learning.py --methods stock,dapo,cero_sara --seeds 0 1 2 \
+        -- --config configs/learning_smollm2.yaml
+    python scripts/bench_learning.py --report_only --runs_dir docs/data/learning_smollm2   # the table and plot only
+
+Runs already in `--runs_dir` are kept and not run again: a later session adds seeds to the same folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..allocation.allocator import json_default
+from ..benchmarks.learning import STOCK, compare, load_runs, markdown_table, plot_curves, run_one, run_path
+from ..benchmarks.methods import METHODS, method_recipe
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--methods", default="stock,dapo,cero_sara",
+                   help="comma list from " + ",".join(METHODS) + " (stock: pacing uniform, filling full), or "
+                   "pacing+filling")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--eval_every", type=int, default=5, help="rounds between held-out evaluations")
+    p.add_argument("--runs_dir", default="outputs/bench_learning/runs", help="one JSON per finished run (kept)")
+    p.add_argument("--output_dir", default="outputs/bench_learning", help="table, figures, plot, train.py outputs")
+    p.add_argument("--timeout", type=float, default=None, help="seconds one train.py run may take")
+    p.add_argument("--report_only", action="store_true", help="only the table and plot of the runs in --runs_dir")
+    args = p.parse_args(own)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in args.methods:
+        try:
+            method_recipe(m)
+        except ValueError as err:
+            p.error(f"--methods {m!r}: {err}")
+    if STOCK not in args.methods and not args.report_only:
+        p.error("--methods needs 'stock': every figure is paired against it")
+    if not train_args and not args.report_only:
+        p.error("give train.py's arguments after `--` (e.g. -- --config configs/learning_smollm2.yaml)")
+    return args, train_args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    args, train_args = parse_args(argv)
+    if not args.report_only:
+        for seed in args.seeds:  # seed-major: each finished seed pairs every method
+            for method in args.methods:
+                if os.path.exists(run_path(args.runs_dir, method, seed)):
+                    print(f"[bench_learning] {method} seed {seed}: already in {args.runs_dir}", flush=True)
+                    continue
+                print(f"[bench_learning] {method} seed {seed}: running", flush=True)
+                r = run_one(method, seed, train_args, args.runs_dir, os.path.join(args.output_dir, "train"),
+                            args.eval_every, timeout=args.timeout)
+                print(f"[bench_learning] {method} seed {seed}: held-out {r['held_out_accuracy_before']:.3f} -> "
+                      f"{r['held_out_accuracy_after']:.3f}, {r['responses_spent']} responses, "
+                      f"{r['held_out_curve'][-1]['seconds']:.0f} s of run ({r['wall_s']:.0f} s with evaluation)",
+                      flush=True)
+    runs = load_runs(args.runs_dir)
+    if not runs:
+        raise SystemExit(f"no runs in {args.runs_dir}")
+    rows = compare(runs)
+    table = markdown_table(rows)
+    print("\n" + table)
+    os.makedirs(args.output_dir, exist_ok=True)
+    plot = plot_curves(runs, os.path.join(args.output_dir, "learning_curves.png"))
+    with open(os.path.join(args.output_dir, "bench_learning.md"), "w", encoding="utf-8") as f:
+        f.write(f"# Learning-regime benchmark\n\n{table}\n\nRuns: {args.runs_dir}\n")
+    with open(os.path.join(args.output_dir, "bench_learning.json"), "w", encoding="utf-8") as f:
+        json.dump({"rows": rows, "table": table, "runs_dir": args.runs_dir}, f, indent=1, default=json_default)
+    print(f"\n[bench_learning] wrote {args.output_dir}/bench_learning.md, bench_learning.json, "
+          f"{os.path.basename(plot)}", flush=True)
+    return rows
