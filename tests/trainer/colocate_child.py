@@ -140,6 +140,7 @@ def train(out, overrides, resume=None):
             "events": [entry.get("events") or [] for entry in read_round_log(trainer.round_log_path)],
             "carried": sum(h.get("carried", 0) for h in allocator.history), "seen": seen, "pushes": pushes,
             "global_step": trainer.state.global_step,
+            "updates": sum(h["loss_responses"] > 0 for h in allocator.history[:-1]),  # new weights
             "enforce_eager": vg.llm.llm_engine.vllm_config.model_config.enforce_eager, "cpu": cpu_features(vg.llm),
             "logged": sorted({k for x in trainer.state.log_history for k in x})}
 

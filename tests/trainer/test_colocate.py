@@ -173,7 +173,8 @@ def test_colocate_stream_and_resume(child):
     _, (got, resumed) = child
     trained = check_accounting(got, max_staleness=2, stream=True)
     steps = got["global_step"]
-    assert steps == got["counters"]["rounds"] >= 4 and got["pushes"] == [True] * (steps - 1)  # after each step
+    # after each step but the last and those of empty rounds (learning rate 0: no new weights)
+    assert steps == got["counters"]["rounds"] >= 4 and got["pushes"] == [True] * got["updates"] and got["updates"] >= 1
     assert "alloc/carried" in got["logged"] and "alloc/staleness_max" in got["logged"]
     if any(r["staleness"] for s in got["seen"] for r in s["rows"]):
         assert "sampling/importance_sampling_ratio/mean" in got["logged"]

@@ -5,6 +5,7 @@ docs/benchmarks.md#planning-at-paper-scale-scriptsplanpy-no-model). numpy only.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -15,7 +16,8 @@ import numpy as np
 
 from .base import Filler, Pacer, RunContext
 from .event_rounds import Round
-from .pipeline import round_arguments
+from .allocator import Allocator
+from .factory import round_kwargs
 from .registry import method_class
 
 
@@ -103,6 +105,7 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     pool = pool or DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
     if seed_counts is not None:
         pacer.seed_counts(*seed_counts)
+    allocator = Allocator(pacer, filler, functools.partial(round_kwargs, settings, filler), plan={})
     k = args.units_per_group * args.unit_size
     rec = {"spend": [], "groups": [], "effective": [], "expected_effective": [], "alloc_ms": []}
     lifts = []
@@ -111,23 +114,25 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     while not pacer.finished and pacer.remaining_responses >= k and pool.t < 4 * args.rounds:
         predicted = pacer.beta.mean.copy() if hasattr(pacer, "beta") else None
         t0 = time.perf_counter()
-        units = pacer.propose()
-        kw = round_arguments(pacer, filler, units, history_decay=settings.history_decay)
-        rnd = filler.start_round(**kw)
+        allocator.start_round()  # the trainer's deterministic round (trainer/grpo.py)
         ms = time.perf_counter() - t0
         p = pool.success_rate()
-        while not rnd.done:
+        while True:
             t0 = time.perf_counter()
-            ids, counts = rnd.requests()
+            request = allocator.next_request()
             ms += time.perf_counter() - t0
-            rewards = pool.sample(ids, counts)
+            if request is None:
+                break
+            rewards = pool.sample(*request)
+            rows = [{"pid": pid, "success": float(x)} for pid, got in zip(request[0], rewards) for x in got]
             t0 = time.perf_counter()
-            rnd.observe(rewards)
+            allocator.observe(rows, request)
             ms += time.perf_counter() - t0
+        rnd = allocator.current_round
         t0 = time.perf_counter()
-        s, f, spent = rnd.outcomes(pacer.num_prompts)
-        pacer.update(s, f, spent)
+        allocator.finish_round()
         ms += time.perf_counter() - t0
+        spent = rnd.outcomes(pacer.num_prompts)[2]
         admitted = np.asarray(rnd.groups, np.int64)
         if predicted is not None and pool.t >= args.rounds // 10:      # after the first visits
             lifts.append(predicted_success_bins(predicted, np.flatnonzero(spent)))

@@ -20,6 +20,7 @@ the device, or a synchronous trainer's engine waiting for its step).
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 import math
@@ -30,7 +31,8 @@ import numpy as np
 
 from ..allocation.arrol import RandomPruning
 from ..allocation.event_rounds import BatchedEventRound
-from ..allocation.pipeline import round_arguments
+from ..allocation.allocator import Allocator
+from ..allocation.factory import round_kwargs
 from ..allocation.simulate import DriftingPool, build_method
 from .backends import Rollout
 from .drivers import StreamDriver, run_round
@@ -183,6 +185,25 @@ class SimulatedRollouts:
         self._ends.clear()
 
 
+class SimulatedTask:
+    """The engine model's prompts: the success rates of an `allocation.simulate.DriftingPool` that learns from the
+    trained groups, and lognormal response lengths (median `args.length_median`, σ `args.length_sigma`).
+    `outcome(pid, rng)`: one rollout's (length, success), as `SimulatedRollouts` asks; `learn(rnd)`: after a round
+    closes, its groups count as trained."""
+
+    def __init__(self, args: Any) -> None:
+        self.pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
+        self.rates = self.pool.success_rate()
+        self.length_median, self.length_sigma = float(args.length_median), float(args.length_sigma)
+
+    def outcome(self, pid: int, rng: np.random.Generator) -> tuple[float, bool]:
+        return rng.lognormal(np.log(self.length_median), self.length_sigma), rng.random() < self.rates[pid]
+
+    def learn(self, rnd: Any) -> None:
+        self.pool.step(rnd)
+        self.rates = self.pool.success_rate()
+
+
 def learning_signal(rows: Sequence[dict]) -> float:
     """Σ over the trained groups of p(1 − p), p the group's success rate over its scored rows (neither pruned nor
     aborted, success not NaN): the within-group reward variance of 0/1 rewards, what GRPO's advantages are made of
@@ -194,7 +215,8 @@ def learning_signal(rows: Sequence[dict]) -> float:
     return float(sum(np.mean(s) * (1.0 - np.mean(s)) for s in by_group.values()))
 
 
-def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: float | None = None) -> dict:
+def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: float | None = None,
+                    round_log_path: str | None = None) -> dict:
     """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model (a simulated vLLM
     engine), with the trainer in the loop. `mode`: "sync" (each filler call submitted whole and decided when its
     last rollout ends), "events" (one `RoundDriver` per round) or "stream" (one `StreamDriver` across rounds:
@@ -206,41 +228,45 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     `args.colocate` (TRL's colocate mode: one GPU generates and trains in turn) the engine is paused while the
     trainer trains in every mode, and stream rounds wait for their groups, carrying only what runs past them.
     `prune_keep` (events): pruning in the stream at `args.detect_length` tokens, each cohort's rollouts kept
-    with probability κ = prune_keep (random pruning: ARROL's compute saving without its selection). Returns
+    with probability κ = prune_keep (random pruning: ARROL's compute saving without its selection). The rounds are
+    the trainer's: its `Allocator`, opened, fed and closed as trainer/event_modes.py does, its round log written to
+    `round_log_path` (tests/rollout/test_engine_model_is_the_trainer.py). Returns
     wall seconds, responses, tokens, effective groups, the learning signal of the trained groups (`learning_signal`),
     aborted / carried / stale / pruned rollouts, the engine's idle share and the staleness histograms of the trained
     rollouts (their oldest token) and tokens."""
     pacer, filler, settings = build_method(method, args)
-    pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
+    allocator = Allocator(pacer, filler, functools.partial(round_kwargs, settings, filler), plan={},
+                          round_log_path=round_log_path)
+    task = SimulatedTask(args)
     train_ms, train_gpus = getattr(args, "train_ms_per_token", 0.0), max(getattr(args, "train_gpus", 1), 1)
     sync_s, colocate = getattr(args, "sync_s", 0.0), bool(getattr(args, "colocate", False))
     total = dict.fromkeys(("engine_s", "train_s", "responses", "tokens", "trained_tokens", "aborted", "carried",
                            "stale_aborted", "pruned", "effective_groups", "signal", "busy_s", "slot_s"), 0)
     total["staleness"], total["token_staleness"] = collections.Counter(), collections.Counter()
     pruning = None if prune_keep is None else RandomPruning(keep_ratio=prune_keep, cold_start_rounds=0, seed=args.seed)
-    rates = [pool.success_rate()]
     step = (args.step_ms / 1e3, getattr(args, "step_ms_per_seq", 0.0) / 1e3)
-
-    def outcome(pid, rng):
-        return rng.lognormal(np.log(args.length_median), args.length_sigma), rng.random() < rates[0][pid]
 
     def on_detect(snaps):
         cut = pruning.prune([s.info["cohort"] for s in snaps])
         return [s.rid for s, c in zip(snaps, cut) if c and not s.info["ended"]]
 
-    def open_round(carry=None, wait_for_groups=False):
-        kw = round_arguments(pacer, filler, pacer.propose(), history_decay=settings.history_decay, carry=carry,
-                             wait_for_groups=wait_for_groups)
-        return BatchedEventRound(filler.start_round(**kw)) if mode == "sync" else filler.start_event_round(**kw)
+    def open_round(carry=None, wait_for_groups=False):  # the trainer's calls (trainer/event_modes.py)
+        allocator.start_round(events=mode != "sync", carry=carry, wait_for_groups=wait_for_groups)
+        rnd = allocator.current_round
+        return BatchedEventRound(rnd) if mode == "sync" else rnd
 
-    def close_round(rnd, trained):
-        pacer.update(*rnd.outcomes(pacer.num_prompts), **({"prepaid": rnd.prepaid_counts(pacer.num_prompts)}
-                                                         if hasattr(rnd, "prepaid_counts") else {}))
-        pool.step(rnd)
-        rates[0] = pool.success_rate()
+    def close_round(trained, ended, events, token_staleness=None):
+        rnd = allocator.current_round
+        summary = allocator.finish_round()
+        allocator.record_round(summary, ended, admitted=len(summary["groups"]), requests=[],
+                               loss_responses=len(trained), allocator_s=0.0, round_s=0.0, events=events,
+                               responses=summary["stats"]["responses"] if mode == "stream" else None,
+                               log_fields=None if token_staleness is None else {"token_staleness": {
+                                   str(k): v for k, v in sorted(token_staleness.items())}})
+        task.learn(rnd)
         tokens = sum(len(r["completion_ids"]) for r in trained if not (r["pruned"] or r["aborted"]))
         total["trained_tokens"] += tokens
-        total["effective_groups"] += rnd.stats()["effective_groups"]
+        total["effective_groups"] += summary["stats"]["effective_groups"]
         total["signal"] += learning_signal(trained)
         total["staleness"].update(r.get("staleness", 0) for r in trained)
         total["token_staleness"].update(s for r in trained if not (r["pruned"] or r["aborted"])
@@ -250,16 +276,17 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     detect = {"detect_at": pruning and args.detect_length, "on_detect": pruning and on_detect}
     i = 0
     if mode == "stream":
-        engine = SimulatedRollouts(outcome, args.engine_seqs, step, seed=args.seed)
+        engine = SimulatedRollouts(task.outcome, args.engine_seqs, step, seed=args.seed)
         driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=args.window or None,
                               max_staleness=getattr(args, "max_staleness", 1), **detect)
         rnd = open_round(carry={}, wait_for_groups=colocate or rounds == 1)
         driver.start(rnd)
         while i < rounds:
             trained = driver.run(lambda r: r.info["success"]).trained
-            train_s = close_round(rnd, trained)
+            train_s = close_round(trained, [{"pid": r.tag, "completion_ids": r.token_ids} for r in driver.ended],
+                                  driver.take_events(), driver.token_staleness)
             i += 1
-            more = i < rounds and not pacer.finished
+            more = i < rounds and not allocator.budget_exhausted
             if more and not colocate:  # the next round starts generating before this one trains
                 rnd = open_round(carry=driver.carry, wait_for_groups=i + 1 == rounds)
                 driver.start(rnd)
@@ -274,7 +301,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
                 rnd = open_round(carry=driver.carry, wait_for_groups=True)
                 driver.start(rnd)
             total["train_s"] += train_s
-            if pacer.finished or i >= rounds:
+            if allocator.budget_exhausted or i >= rounds:
                 break
         driver.finish()
         total.update(engine_s=engine.clock_s, busy_s=engine.busy_s, slot_s=engine.clock_s * engine.slots,
@@ -282,16 +309,17 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
                      carried=driver.carried_total,
                      stale_aborted=driver.stale_aborted, pruned=driver.pruned_count)
     else:
-        while i < rounds and not pacer.finished:
+        while i < rounds and not allocator.budget_exhausted:
             rnd = open_round()
-            engine = SimulatedRollouts(outcome, args.engine_seqs, step, seed=[args.seed, i])
+            engine = SimulatedRollouts(task.outcome, args.engine_seqs, step, seed=[args.seed, i])
             driver = run_round(rnd, engine, lambda pid: [], lambda r: r.info["success"], args.max_tokens,
                                max_inflight=args.window or None, **detect)
             kept = {int(p) for p in rnd.groups}
             trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
                         "aborted": r.finish_reason == "abort", "success": r.info["success"]}
                        for r in driver.ended if r.tag in kept]
-            train_s = close_round(rnd, trained)
+            train_s = close_round(trained, [{"pid": r.tag, "completion_ids": r.token_ids} for r in driver.ended],
+                                  driver.take_events())
             engine.pause_for(train_s + sync_s)  # the engine waits for the trainer and the push
             for key, value in (("engine_s", engine.clock_s), ("train_s", train_s), ("responses", driver.spent),
                                ("tokens", driver.tokens), ("aborted", driver.aborted), ("pruned", driver.pruned_count),
@@ -305,4 +333,4 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     return total
 
 
-__all__ = ["SimulatedRollouts", "learning_signal", "simulate_engine"]
+__all__ = ["SimulatedRollouts", "SimulatedTask", "learning_signal", "simulate_engine"]

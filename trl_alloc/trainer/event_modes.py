@@ -208,6 +208,10 @@ class StreamRoundMixin:
         """After an optimizer step: the new weights to the engine (paused with `mode=keep`), one version on."""
         if self.state.global_step == self._stream_step:
             return
+        last = getattr(self, "round_state", None)
+        if last is not None and last.empty:  # an empty round's step (learning rate 0) changed no weight: the policy
+            self._stream_step = self.state.global_step  # has no new version, its rollouts in flight grow no older
+            return
         main = self.accelerator.is_main_process
         server = self.use_vllm and not self.colocate  # (a colocate engine only steps when polled: nothing to pause)
         with self.vllm_generation.vllm_client.paused() if server and main else contextlib.nullcontext():
