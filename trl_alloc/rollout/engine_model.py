@@ -216,7 +216,8 @@ def learning_signal(rows: Sequence[dict]) -> float:
 
 
 def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: float | None = None,
-                    round_log_path: str | None = None) -> dict:
+                    round_log_path: str | None = None, engine_class: type[SimulatedRollouts] | None = None,
+                    on_close: Callable[[Any, Allocator], None] | None = None) -> dict:
     """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model (a simulated vLLM
     engine), with the trainer in the loop. `mode`: "sync" (each filler call submitted whole and decided when its
     last rollout ends), "events" (one `RoundDriver` per round) or "stream" (one `StreamDriver` across rounds:
@@ -230,7 +231,9 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     `prune_keep` (events): pruning in the stream at `args.detect_length` tokens, each cohort's rollouts kept
     with probability κ = prune_keep (random pruning: ARROL's compute saving without its selection). The rounds are
     the trainer's: its `Allocator`, opened, fed and closed as trainer/event_modes.py does, its round log written to
-    `round_log_path` (tests/rollout/test_engine_model_is_the_trainer.py). Returns
+    `round_log_path` (tests/rollout/test_engine_model_is_the_trainer.py). `engine_class`: another simulated engine
+    (one that injects faults, tests/rollout/test_fault_simulation.py); `on_close(driver, allocator)`: called after
+    each round is recorded. Returns
     wall seconds, responses, tokens, effective groups, the learning signal of the trained groups (`learning_signal`),
     aborted / carried / stale / pruned rollouts, the engine's idle share and the staleness histograms of the trained
     rollouts (their oldest token) and tokens."""
@@ -276,7 +279,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     detect = {"detect_at": pruning and args.detect_length, "on_detect": pruning and on_detect}
     i = 0
     if mode == "stream":
-        engine = SimulatedRollouts(task.outcome, args.engine_seqs, step, seed=args.seed)
+        engine = (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=args.seed)
         driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=args.window or None,
                               max_staleness=getattr(args, "max_staleness", 1), **detect)
         rnd = open_round(carry={}, wait_for_groups=colocate or rounds == 1)
@@ -285,6 +288,8 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
             trained = driver.run(lambda r: r.info["success"]).trained
             train_s = close_round(trained, [{"pid": r.tag, "completion_ids": r.token_ids} for r in driver.ended],
                                   driver.take_events(), driver.token_staleness)
+            if on_close is not None:
+                on_close(driver, allocator)
             i += 1
             more = i < rounds and not allocator.budget_exhausted
             if more and not colocate:  # the next round starts generating before this one trains
@@ -311,7 +316,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     else:
         while i < rounds and not allocator.budget_exhausted:
             rnd = open_round()
-            engine = SimulatedRollouts(task.outcome, args.engine_seqs, step, seed=[args.seed, i])
+            engine = (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=[args.seed, i])
             driver = run_round(rnd, engine, lambda pid: [], lambda r: r.info["success"], args.max_tokens,
                                max_inflight=args.window or None, **detect)
             kept = {int(p) for p in rnd.groups}
@@ -320,6 +325,8 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
                        for r in driver.ended if r.tag in kept]
             train_s = close_round(trained, [{"pid": r.tag, "completion_ids": r.token_ids} for r in driver.ended],
                                   driver.take_events())
+            if on_close is not None:
+                on_close(driver, allocator)
             engine.pause_for(train_s + sync_s)  # the engine waits for the trainer and the push
             for key, value in (("engine_s", engine.clock_s), ("train_s", train_s), ("responses", driver.spent),
                                ("tokens", driver.tokens), ("aborted", driver.aborted), ("pruned", driver.pruned_count),
