@@ -23,6 +23,7 @@ import collections
 import functools
 import heapq
 import itertools
+import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ import numpy as np
 
 from ..allocation.arrol import RandomPruning
 from ..allocation.event_rounds import BatchedEventRound
-from ..allocation.allocator import Allocator
+from ..allocation.allocator import Allocator, json_default
 from ..allocation.factory import round_kwargs
 from ..allocation.simulate import DriftingPool, build_method
 from .backends import Rollout
@@ -217,7 +218,7 @@ def learning_signal(rows: Sequence[dict]) -> float:
 
 def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: float | None = None,
                     round_log_path: str | None = None, engine_class: type[SimulatedRollouts] | None = None,
-                    on_close: Callable[[Any, Allocator], None] | None = None) -> dict:
+                    on_close: Callable[[Any, Allocator], None] | None = None, resume_after: int | None = None) -> dict:
     """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model (a simulated vLLM
     engine), with the trainer in the loop. `mode`: "sync" (each filler call submitted whole and decided when its
     last rollout ends), "events" (one `RoundDriver` per round) or "stream" (one `StreamDriver` across rounds:
@@ -233,7 +234,8 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     the trainer's: its `Allocator`, opened, fed and closed as trainer/event_modes.py does, its round log written to
     `round_log_path` (tests/rollout/test_engine_model_is_the_trainer.py). `engine_class`: another simulated engine
     (one that injects faults, tests/rollout/test_fault_simulation.py); `on_close(driver, allocator)`: called after
-    each round is recorded. Returns
+    each round is recorded. `resume_after` (sync, events): after that many rounds the allocator is checkpointed
+    (its state through JSON) and resumed as a fresh one, as a run resumed from a checkpoint. Returns
     wall seconds, responses, tokens, effective groups, the learning signal of the trained groups (`learning_signal`),
     aborted / carried / stale / pruned rollouts, the engine's idle share and the staleness histograms of the trained
     rollouts (their oldest token) and tokens."""
@@ -275,6 +277,13 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         total["token_staleness"].update(s for r in trained if not (r["pruned"] or r["aborted"])
                                         for s in r.get("token_staleness") or [0] * len(r["completion_ids"]))
         return tokens * train_ms / 1e3 / train_gpus
+
+    def resume(allocator):  # a fresh pacer and filler from the config, the checkpoint's state loaded into them
+        state = json.loads(json.dumps(allocator.state_dict(), default=json_default))
+        pacer, filler, _ = build_method(method, args)
+        allocator.pacer, allocator.filler = pacer, filler
+        allocator.join = functools.partial(round_kwargs, settings, filler)
+        allocator.load_state_dict(state, check_plan=False)
 
     detect = {"detect_at": pruning and args.detect_length, "on_detect": pruning and on_detect}
     i = 0
@@ -327,6 +336,8 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
                                   driver.take_events())
             if on_close is not None:
                 on_close(driver, allocator)
+            if resume_after is not None and i + 1 == resume_after:
+                resume(allocator)
             engine.pause_for(train_s + sync_s)  # the engine waits for the trainer and the push
             for key, value in (("engine_s", engine.clock_s), ("train_s", train_s), ("responses", driver.spent),
                                ("tokens", driver.tokens), ("aborted", driver.aborted), ("pruned", driver.pruned_count),
