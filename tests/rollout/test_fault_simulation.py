@@ -154,7 +154,7 @@ def test_a_schedule_replays_identically(schedule):
 def test_a_run_resumed_at_a_random_round_boundary_makes_the_same_decisions(tmp_path):
     """Checkpoint and resume (the allocator's state through JSON into a fresh one) between any two rounds: the round
     log is the uninterrupted run's, line for line (sync and events; a stream's resume drops the rollouts in flight by
-    design, docs/reliability.md#resuming). 200 seeded schedules."""
+    design, docs/reliability.md#resume). 200 seeded schedules."""
     from trl_alloc.allocation.allocator import read_round_log
 
     resumed = 0

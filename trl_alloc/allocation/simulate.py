@@ -79,7 +79,7 @@ def plan_settings(method: str, args: Any) -> SimpleNamespace:
         generation_batch_size=args.budget // args.rounds, nominal_prompts_per_round=args.budget // (k * args.rounds),
         target_groups=None, history_decay=args.history_decay, tau_low=args.tau_low, probe=2, commit_min=None,
         prior_alpha=1.0, prior_beta=1.0, sara_safety_factor=6, sara_overcommit=getattr(args, "sara_overcommit", 1.5),
-        max_generation_batches=6,
+        max_generation_batches=10,  # (AllocGRPOConfig's default)
         knapsack_min_n=2, knapsack_max_n=4 * k, saturation=1.0, forgetting=1.0, init_price=0.5, step_size=None,
         catch_up=True, random_matched_reference=None, pacing_kwargs=getattr(args, "pacing_kwargs", None),
         filling_kwargs=getattr(args, "filling_kwargs", None))
