@@ -58,3 +58,38 @@ def test_a_users_own_pacer_trains_by_its_import_path(tmp_path):
     with pytest.raises(ValueError, match=r"`pacing_kwargs` has \['fractoin'\], which pacing='my_methods.HalfPacer' "
                                          r"does not take; it takes fraction"):
         build(tmp_path, pacing="my_methods.HalfPacer", pacing_kwargs={"fractoin": 0.25})
+
+
+def test_capabilities_are_declared_on_the_class():
+    """A pacer says what it can lend (posterior, pacing gap, a start from a probe pass) through the base class's
+    declarations; SARA takes its priors from a pacer's posterior whatever the pacer's class, and keeps its own
+    history when the pacer has none."""
+    import numpy as np
+
+    from trl_alloc.allocation import UniformPacer
+    from trl_alloc.allocation.beta import BetaState
+    from trl_alloc.allocation.registry import method_class
+    from trl_alloc.allocation.sara import SARAFiller
+
+    assert not UniformPacer.seeds_from_probe and method_class("pacing", "cero").seeds_from_probe
+    plain = UniformPacer(num_prompts=8, prompts_per_round=2, group_size=4, rounds=4)
+    assert plain.posterior is None and plain.pacing_gap() is None
+    with pytest.raises(NotImplementedError, match="seeds_from_probe=False"):
+        plain.seed_counts(np.zeros(8), np.zeros(8))
+
+    class Informed(UniformPacer):  # a pacer from outside the package that keeps Beta states
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.states = BetaState(self.num_prompts, (1.0, 1.0), 1.0)
+            self.states.update(np.arange(8.0), np.zeros(8))
+
+        @property
+        def posterior(self):
+            return self.states
+
+    sara = SARAFiller(group_size=4, probe=2)
+    informed = Informed(num_prompts=8, prompts_per_round=2, group_size=4, rounds=4)
+    units = informed.propose()
+    kwargs = sara.round_arguments(informed, units, 8, history_decay=1.0)
+    assert np.array_equal(kwargs["prior_a"], 1.0 + np.arange(8.0)[kwargs["stream"]])
+    assert "prior_a" not in sara.round_arguments(plain, plain.propose(), 8, history_decay=1.0)

@@ -213,8 +213,8 @@ class Allocator:
         self.pacer.update(*rnd.outcomes(self.pacer.num_prompts), **carried)
         out = {"groups": [int(g) for g in rnd.groups], "stats": rnd.stats(),
                "finished": bool(self.pacer.finished), "remaining": int(self.pacer.remaining_responses)}
-        if hasattr(self.pacer, "pacing_gap"):
-            out["pacing_gap"] = float(self.pacer.pacing_gap())
+        if (gap := self.pacer.pacing_gap()) is not None:
+            out["pacing_gap"] = float(gap)
         if self.pruner is not None:
             out["pruning"] = self.pruner.end_round()
         return out

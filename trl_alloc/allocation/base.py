@@ -30,6 +30,8 @@ from .event_rounds import EventRound, SynchronousRound
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
+    from .beta import BetaState
+
 @dataclass(frozen=True)
 class RunContext:
     """What a method is built from besides the config: the prompt pool, the horizon K, the global budget in
@@ -86,6 +88,23 @@ class Pacer(ConfiguredMethod):
     def max_round_responses(cls, args: Any, num_rounds: int, filler_cls: type[Filler]) -> int | None:
         """Most responses one round may spend (None: not bounded by the config alone)."""
         return None
+
+    # Capabilities, declared here so a caller never tests for attributes (a pacer that has one overrides it):
+    seeds_from_probe = False  # True: `seed_counts` starts it from a probe pass's outcomes (`probe_counts`)
+
+    @property
+    def posterior(self) -> BetaState | None:
+        """Per-prompt Beta success posteriors, when the pacer keeps them (CERO eq. 5); SARA takes its priors from
+        them (`Filler.round_arguments`, `history_decay`). None: it keeps none."""
+        return None
+
+    def pacing_gap(self) -> float | None:
+        """Cumulative spend minus its plan so far, in units, for a pacer that plans spend; None otherwise."""
+        return None
+
+    def seed_counts(self, successes: ArrayLike, failures: ArrayLike) -> None:
+        """Start from a probe pass's per-prompt outcomes, before the first round (`seeds_from_probe`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot start from a probe pass (seeds_from_probe=False).")
 
     def propose(self) -> np.ndarray:
         """Executed units per prompt for this round (int array of length ``num_prompts``)."""

@@ -223,6 +223,13 @@ class CEROScheduler(_BudgetedPacer):
         self.update_duals(z_star)
         self._ranked = None
 
+    seeds_from_probe = True
+
+    @property
+    def posterior(self) -> BetaState:
+        """The Beta states of eq. 5 (SARA's priors come from them)."""
+        return self.beta
+
     def seed_counts(self, successes: ArrayLike, failures: ArrayLike) -> None:
         """Start from a probe pass's outcomes, before the first round: eq. 5 once with its counts, then ϑ from the
         posterior's eq. 6 proxy as at initialisation (ϑ = 4 q̂). The probe's responses are not this budget's."""

@@ -74,7 +74,7 @@ class SARAFiller(Filler):
     @classmethod
     def from_config(cls, args: Any, context: RunContext) -> Filler:
         # SARA keeps its own history only when the pacer has no Beta states to lend it (`round_arguments`).
-        own_history = args.history_decay and not hasattr(context.pacer, "beta")
+        own_history = args.history_decay and (context.pacer is None or context.pacer.posterior is None)
         return cls(group_size=args.num_generations, probe=args.probe, tau_low=args.tau_low,
                    commit_min=args.commit_min, prior=(args.prior_alpha, args.prior_beta),
                    safety_factor=args.sara_safety_factor,
@@ -102,8 +102,8 @@ class SARAFiller(Filler):
         """`Filler.round_arguments`, with each prompt's prior from the pacer's Beta state discounted by
         `history_decay` (CERO's posteriors, when the pacer has them)."""
         kwargs = super().round_arguments(pacer, units, spend, target_groups)
-        if history_decay is not None and hasattr(pacer, "beta"):
-            kwargs["prior_a"], kwargs["prior_b"] = pacer.beta.discounted(history_decay, kwargs["stream"])
+        if history_decay is not None and pacer.posterior is not None:
+            kwargs["prior_a"], kwargs["prior_b"] = pacer.posterior.discounted(history_decay, kwargs["stream"])
         return kwargs
 
     def __init__(self, group_size: int = 8, probe: int = 2, tau_low: float | str = 0.45, commit_min: int | None = None,

@@ -112,7 +112,7 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     # (a filler that spends less than planned may run past `rounds` until the budget is spent, up to 4x; a
     # remainder smaller than one group ends the run)
     while not pacer.finished and pacer.remaining_responses >= k and pool.t < 4 * args.rounds:
-        predicted = pacer.beta.mean.copy() if hasattr(pacer, "beta") else None
+        predicted = None if pacer.posterior is None else pacer.posterior.mean.copy()
         t0 = time.perf_counter()
         allocator.start_round()  # the trainer's deterministic round (trainer/grpo.py)
         ms = time.perf_counter() - t0

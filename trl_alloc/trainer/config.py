@@ -213,7 +213,7 @@ class AllocGRPOConfig(GRPOConfig):
         self._check_pruning()
         self._check_types()
         if self.probe_counts is not None:
-            if not hasattr(method_class("pacing", self.pacing), "seed_counts"):
+            if not method_class("pacing", self.pacing).seeds_from_probe:
                 raise ValueError(f"probe_counts seeds CERO's Beta states; pacing={self.pacing!r} keeps none. Use "
                                  "pacing='cero' (or a CERO ablation), or drop probe_counts.")
             if not os.path.isfile(self.probe_counts):
