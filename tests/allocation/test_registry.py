@@ -87,9 +87,9 @@ def test_capabilities_are_declared_on_the_class():
         def posterior(self):
             return self.states
 
-    sara = SARAFiller(group_size=4, probe=2)
+    sara = SARAFiller(group_size=4, probe=2, posterior_decay=1.0)
     informed = Informed(num_prompts=8, prompts_per_round=2, group_size=4, rounds=4)
     units = informed.propose()
-    kwargs = sara.round_arguments(informed, units, 8, history_decay=1.0)
+    kwargs = sara.round_arguments(informed, units, 8)
     assert np.array_equal(kwargs["prior_a"], 1.0 + np.arange(8.0)[kwargs["stream"]])
-    assert "prior_a" not in sara.round_arguments(plain, plain.propose(), 8, history_decay=1.0)
+    assert "prior_a" not in sara.round_arguments(plain, plain.propose(), 8)

@@ -158,9 +158,9 @@ class Filler(ConfiguredMethod):
         """Most responses a round over `prompts` admitted prompts may spend when the pacer does not pace spend."""
         return prompts * args.num_generations
 
-    def round_arguments(self, pacer: Pacer, units: np.ndarray, spend: int, target_groups: int | None = None,
-                        history_decay: float | None = None) -> dict:
-        """Keyword arguments of `start_round` for the pacer's proposal `units`, whose spend is `spend` responses.
+    def round_arguments(self, pacer: Pacer, units: np.ndarray, spend: int, target_groups: int | None = None) -> dict:
+        """Keyword arguments of `start_round` for the pacer's proposal `units`, whose spend is `spend` responses (a
+        filler adds its own, e.g. SARA's priors, and takes them in its `start_event_round`).
 
         A pacer that paces spend (CERO) fixes the round's budget; otherwise the filler may spend up to `oversample`
         × target × k (what DAPO's and SARA's caps allow). The target is the number of admitted prompts unless
@@ -178,8 +178,7 @@ class Filler(ConfiguredMethod):
         return SynchronousRound(self.start_event_round(stream, *args, **kwargs))
 
     def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
-                          counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
-                          prior_b: ArrayLike | None = None, carry: dict[int, dict] | None = None,
+                          counts: ArrayLike | None = None, carry: dict[int, dict] | None = None,
                           wait_for_groups: bool = False) -> EventRound:
         """The filler's one round (an `event_rounds.EventRound`) over `stream`, spending at most `budget` responses
         toward `target_groups` groups; `carry` and `wait_for_groups`: stream mode, see `event_rounds`."""

@@ -266,15 +266,13 @@ class FullFiller(Filler):
     def from_config(cls, args: Any, context: RunContext) -> Filler:
         return cls(group_size=args.num_generations)
 
-    def round_arguments(self, pacer: Pacer, units: np.ndarray, spend: int, target_groups: int | None = None,
-                        history_decay: float | None = None) -> dict:
+    def round_arguments(self, pacer: Pacer, units: np.ndarray, spend: int, target_groups: int | None = None) -> dict:
         """Every prompt of the stream gets the responses the pacer proposed for it (`counts`)."""
         stream = np.asarray(pacer.ranked_prompts, np.int64)
         return {"stream": stream, "budget": spend, "target_groups": None, "counts": units[stream] * pacer.unit_size}
 
     def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int | None = None,
-                          counts: ArrayLike | None = None, prior_a: ArrayLike | None = None,
-                          prior_b: ArrayLike | None = None, carry: dict[int, dict] | None = None,
+                          counts: ArrayLike | None = None, carry: dict[int, dict] | None = None,
                           wait_for_groups: bool = False) -> FullRound:
         return FullRound(stream, budget, self.group_size, target_groups, counts, carry, wait_for_groups)
 
@@ -371,7 +369,6 @@ class DynamicSamplingFiller(Filler):
         return self.max_generation_batches
 
     def start_event_round(self, stream: ArrayLike, budget: int, target_groups: int, counts: ArrayLike | None = None,
-                          prior_a: ArrayLike | None = None, prior_b: ArrayLike | None = None,
                           carry: dict[int, dict] | None = None,
                           wait_for_groups: bool = False) -> DynamicSamplingRound:
         target = check_int("target_groups", target_groups, 0)

@@ -52,7 +52,7 @@ def round_kwargs(args: Any, filler: Filler, pacer: Pacer, units: np.ndarray, car
                  wait_for_groups: bool = False) -> dict:
     """Arguments of `filler.start_round` for the pacer's proposal `units` (how the stages compose:
     docs/architecture.md#one-round-through-the-code)."""
-    return round_arguments(pacer, filler, units, target_groups=args.target_groups, history_decay=args.history_decay,
+    return round_arguments(pacer, filler, units, target_groups=args.target_groups,
                            carry=carry, wait_for_groups=wait_for_groups)
 
 

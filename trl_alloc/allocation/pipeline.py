@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def round_arguments(pacer: Pacer, filler: Filler, units: np.ndarray, target_groups: int | None = None,
-                    history_decay: float | None = None, carry: dict[int, dict] | None = None,
+                    carry: dict[int, dict] | None = None,
                     wait_for_groups: bool = False) -> dict:
     """Keyword arguments of `filler.start_round` for the pacer's proposal `units`. With `carry` (stream mode: the
     open groups of the last round, see `event_rounds`), also `start_event_round`'s: the round's budget is at least
@@ -28,7 +28,7 @@ def round_arguments(pacer: Pacer, filler: Filler, units: np.ndarray, target_grou
     if carry is not None:
         need = sum(int(state.get("need", 0)) for state in carry.values())
         spend = min(max(spend, need), int(pacer.remaining_responses))
-    kwargs = filler.round_arguments(pacer, units, spend, target_groups=target_groups, history_decay=history_decay)
+    kwargs = filler.round_arguments(pacer, units, spend, target_groups=target_groups)
     if carry is not None:
         last = kwargs["budget"] >= pacer.remaining_responses
         kwargs.update(carry=carry, wait_for_groups=bool(wait_for_groups or last))

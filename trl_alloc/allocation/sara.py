@@ -74,12 +74,14 @@ class SARAFiller(Filler):
     @classmethod
     def from_config(cls, args: Any, context: RunContext) -> Filler:
         # SARA keeps its own history only when the pacer has no Beta states to lend it (`round_arguments`).
-        own_history = args.history_decay and (context.pacer is None or context.pacer.posterior is None)
+        lent = context.pacer is not None and context.pacer.posterior is not None
+        own_history = args.history_decay and not lent
         return cls(group_size=args.num_generations, probe=args.probe, tau_low=args.tau_low,
                    commit_min=args.commit_min, prior=(args.prior_alpha, args.prior_beta),
                    safety_factor=args.sara_safety_factor,
                    warm_start_decay=args.history_decay if own_history else None,
-                   num_prompts=context.num_prompts if own_history else None, overcommit=args.sara_overcommit)
+                   num_prompts=context.num_prompts if own_history else None, overcommit=args.sara_overcommit,
+                   posterior_decay=args.history_decay if lent else None)
 
     @classmethod
     def smallest_group(cls, args: Any) -> int:
@@ -97,18 +99,18 @@ class SARAFiller(Filler):
     def oversample(self) -> int:
         return self.safety_factor
 
-    def round_arguments(self, pacer: Pacer, units: np.ndarray, spend: int, target_groups: int | None = None,
-                        history_decay: float | None = None) -> dict:
-        """`Filler.round_arguments`, with each prompt's prior from the pacer's Beta state discounted by
-        `history_decay` (CERO's posteriors, when the pacer has them)."""
+    def round_arguments(self, pacer: Pacer, units: np.ndarray, spend: int, target_groups: int | None = None) -> dict:
+        """`Filler.round_arguments`, with each prompt's prior from the pacer's posterior (CERO's Beta states, when the
+        pacer lends them) discounted by `posterior_decay` (the config's `history_decay`)."""
         kwargs = super().round_arguments(pacer, units, spend, target_groups)
-        if history_decay is not None and pacer.posterior is not None:
-            kwargs["prior_a"], kwargs["prior_b"] = pacer.posterior.discounted(history_decay, kwargs["stream"])
+        if self.posterior_decay is not None and pacer.posterior is not None:
+            kwargs["prior_a"], kwargs["prior_b"] = pacer.posterior.discounted(self.posterior_decay, kwargs["stream"])
         return kwargs
 
     def __init__(self, group_size: int = 8, probe: int = 2, tau_low: float | str = 0.45, commit_min: int | None = None,
                  prior: Sequence[float] = (1.0, 1.0), safety_factor: int = 6, warm_start_decay: float | None = None,
-                 num_prompts: int | None = None, overcommit: float = 1.5) -> None:
+                 num_prompts: int | None = None, overcommit: float = 1.5,
+                 posterior_decay: float | None = None) -> None:
         self.k = check_int("group_size", group_size, 2)
         self.probe = check_int("probe", probe, 1)
         if self.probe > self.k:
@@ -121,6 +123,7 @@ class SARAFiller(Filler):
         self.prior = check_prior("prior", prior)
         self.safety_factor = check_int("safety_factor", safety_factor, 1)
         self.overcommit = float(overcommit)
+        self.posterior_decay = posterior_decay  # discount of a lent posterior for the priors (`round_arguments`)
         if not self.overcommit >= 1.0:
             raise ValueError(f"`overcommit` must be >= 1 (got {overcommit}): event rounds admit prompts while the "
                              "groups expected from them stay below overcommit × target_groups.")
