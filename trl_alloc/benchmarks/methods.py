@@ -54,6 +54,18 @@ def method_recipe(name: str) -> tuple[str, dict[str, Any] | None]:
     return name, stages
 
 
+def parse_methods(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The bench methods of a `--methods` comma list, each checked (`method_recipe`): an unknown one is the
+    parser's error."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    for m in methods:
+        try:
+            method_recipe(m)
+        except ValueError as err:
+            parser.error(f"--methods {m!r}: {err}")
+    return methods
+
+
 def replayed_method(name: str) -> str | None:
     """The bench method whose allocation state `name` replays (`RandomMatched.replays`), or None."""
     stages = method_recipe(name)[1]

@@ -56,8 +56,8 @@ from typing import Any
 from ..allocation.allocator import json_default
 from ..benchmarks.report import load_earlier_run, markdown_table, plots
 from ..benchmarks.measure import check_batch, quiet
-from ..benchmarks.methods import (METHODS, evaluate_model, method_recipe, replayed_method, run_figures, run_method,
-                                  summarise)
+from ..benchmarks.methods import (METHODS, evaluate_model, parse_methods, replayed_method, run_figures,
+                                  run_method, summarise)
 from ..tasks.builtin import TASKS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -109,12 +109,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.eval_k = args.eval_k or (4 if args.quick else 8)
     args.num_prompts = args.num_prompts or (128 if args.quick else 256)
     args.budget = args.budget or args.rounds * args.batch
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in args.methods:
-        try:
-            method_recipe(m)
-        except ValueError as err:
-            p.error(f"--methods {m!r}: {err}")
+    args.methods = parse_methods(p, args.methods)
     args.detect_length = args.detect_length or (2 if args.model == "tiny" else max(1, args.max_completion_length // 4))
     if args.model == "tiny" and args.dataset != "builtin:arithmetic":
         p.error("--model tiny is the embedded model of builtin:arithmetic; give --model for another --dataset")

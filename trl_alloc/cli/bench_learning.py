@@ -21,7 +21,7 @@ from typing import Any
 
 from ..allocation.allocator import json_default
 from ..benchmarks.learning import STOCK, compare, load_runs, markdown_table, plot_curves, run_one, run_path
-from ..benchmarks.methods import METHODS, method_recipe
+from ..benchmarks.methods import METHODS, parse_methods
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -40,12 +40,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, l
     p.add_argument("--timeout", type=float, default=None, help="seconds one train.py run may take")
     p.add_argument("--report_only", action="store_true", help="only the table and plot of the runs in --runs_dir")
     args = p.parse_args(own)
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in args.methods:
-        try:
-            method_recipe(m)
-        except ValueError as err:
-            p.error(f"--methods {m!r}: {err}")
+    args.methods = parse_methods(p, args.methods)
     if STOCK not in args.methods and not args.report_only:
         p.error("--methods needs 'stock': every figure is paired against it")
     if not train_args and not args.report_only:
