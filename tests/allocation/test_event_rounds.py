@@ -162,3 +162,22 @@ def test_allocator_event_rounds_never_overspend_and_resume_identically(tmp_path)
     assert resumed.history == full.history and read_round_log(str(tmp_path / "resumed.jsonl")) == full_log[2:]
     assert [x["round"] for x in full_log] == list(range(5))
     assert full.counters["responses"] == spent == 80 - full.pacer.remaining_responses <= 80
+
+
+@pytest.mark.parametrize("replace_probes", [True, False])
+def test_sara_replace_probes_paces_an_undecided_prompt(replace_probes):
+    """As events, an undecided unmixed prompt's ended rollout is replaced at once, so n0 keep running (default);
+    with `replace_probes=False` it gets one more only once none of its rollouts is in flight, as Algorithm 1 paces
+    it; and the budget holds either way."""
+    filler = make_filler("sara", group_size=8, probe=2, tau_low=0.01, replace_probes=replace_probes)
+    rnd = filler.start_event_round(np.arange(1), budget=64, target_groups=1)
+    assert rnd.submissions(100) == [(0, 2)]
+    rnd.observe_rollout(0, 0.0)  # one probe failed; the other still runs: the prompt continues
+    assert rnd.submissions(100) == ([(0, 1)] if replace_probes else [])
+    rnd.observe_rollout(0, 0.0)
+    assert rnd.submissions(100) == [(0, 1)]  # nothing of it in flight now: one more either way
+    seen, started, ended = drive(filler.start_event_round(np.arange(40), budget=400, target_groups=6),
+                                 np.full(40, 0.3), np.random.default_rng(0))
+    assert started == ended <= 400
+    with pytest.raises(ValueError, match="replace_probes"):
+        make_filler("sara", replace_probes="no")

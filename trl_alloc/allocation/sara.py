@@ -71,6 +71,8 @@ class SARAFiller(Filler):
     toward the prior by that factor (the paper's optional history warm-start).
     """
 
+    config_kwargs = ("replace_probes",)
+
     @classmethod
     def from_config(cls, args: Any, context: RunContext) -> Filler:
         # SARA keeps its own history only when the pacer has no Beta states to lend it (`round_arguments`).
@@ -81,7 +83,8 @@ class SARAFiller(Filler):
                    safety_factor=args.sara_safety_factor,
                    warm_start_decay=args.history_decay if own_history else None,
                    num_prompts=context.num_prompts if own_history else None, overcommit=args.sara_overcommit,
-                   posterior_decay=args.history_decay if lent else None)
+                   posterior_decay=args.history_decay if lent else None,
+                   **dict(getattr(args, "filling_kwargs", None) or {}))
 
     @classmethod
     def smallest_group(cls, args: Any) -> int:
@@ -110,7 +113,7 @@ class SARAFiller(Filler):
     def __init__(self, group_size: int = 8, probe: int = 2, tau_low: float | str = 0.45, commit_min: int | None = None,
                  prior: Sequence[float] = (1.0, 1.0), safety_factor: int = 6, warm_start_decay: float | None = None,
                  num_prompts: int | None = None, overcommit: float = 1.5,
-                 posterior_decay: float | None = None) -> None:
+                 posterior_decay: float | None = None, replace_probes: bool = True) -> None:
         self.k = check_int("group_size", group_size, 2)
         self.probe = check_int("probe", probe, 1)
         if self.probe > self.k:
@@ -124,6 +127,9 @@ class SARAFiller(Filler):
         self.safety_factor = check_int("safety_factor", safety_factor, 1)
         self.overcommit = float(overcommit)
         self.posterior_decay = posterior_decay  # discount of a lent posterior for the priors (`round_arguments`)
+        if not isinstance(replace_probes, bool):
+            raise ValueError(f"SARA's `replace_probes` must be true or false, got {replace_probes!r}.")
+        self.replace_probes = replace_probes  # events: an undecided prompt's ended rollout is replaced at once
         if not self.overcommit >= 1.0:
             raise ValueError(f"`overcommit` must be >= 1 (got {overcommit}): event rounds admit prompts while the "
                              "groups expected from them stay below overcommit × target_groups.")
@@ -282,8 +288,9 @@ class SARARound(EventRound):
     def _advance(self, p_eff, decided=()):
         """Line 11: each continuing prompt's want, in priority order (mixed first, then by p_eff). The rest of its
         probes, then the rest of its group once it is mixed; an unmixed prompt gets one more rollout per decision
-        (`decided`: the prompts just decided): one per call over a synchronous backend, and as events each ended
-        rollout is replaced, so n0 keep running."""
+        (`decided`: the prompts just decided): one per call over a synchronous backend; as events each ended
+        rollout is replaced, so n0 keep running (ours), or with `replace_probes=False` one more only once none of
+        its rollouts is in flight (Algorithm 1's pace: fewer siblings to abort when it is abandoned)."""
         k, probe, commit_min = self.filler.k, self.filler.probe, self.filler.commit_min
         pids, old = list(p_eff), self.want
         state = np.asarray([self.active[pid] for pid in pids], np.int64).reshape(-1, 5)
@@ -296,7 +303,8 @@ class SARARound(EventRound):
             elif mixed[j]:
                 more = commit_min - started
             else:
-                more = min(old.get(pid, 0) + (pid in decided), k - started)
+                one = pid in decided and (self.filler.replace_probes or not self.live[pid])
+                more = min(old.get(pid, 0) + one, k - started)
             if more > 0:
                 self.want[pid] = more
 

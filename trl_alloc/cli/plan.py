@@ -162,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sara_overcommit", type=float, default=1.5,
                         help="SARA as events or a stream: admit prompts into the free window while committed + "
                         "expected groups < this × target (the config's `sara_overcommit`; docs/choosing-settings.md)")
+    parser.add_argument("--filling_kwargs", type=json.loads, default=None,
+                        help='the filler\'s own hyperparameters as JSON, as in the config (e.g. \'{"replace_probes": '
+                        'false}\' for SARA)')
     parser.add_argument("--prune_keep", type=float, default=0.5, help="κ: share of the eligible rollouts kept")
     parser.add_argument("--detect_length", type=int, default=512, help="the detection point (tokens)")
     parser.add_argument("--engine_rounds", type=int, default=30)
