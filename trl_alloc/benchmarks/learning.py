@@ -62,6 +62,9 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
         raise RuntimeError(f"{method} seed {seed}: train.py exited with {proc.returncode} (log: {out}.log)")
     with open(os.path.join(out, "allocation", "summary.json"), encoding="utf-8") as f:
         summary = json.load(f)
+    if not summary.get("held_out_curve"):
+        raise RuntimeError(f"{method} seed {seed}: the run has no held-out curve; the bench needs a held-out set (a "
+                           "test split, --test_dataset_name or --test_fraction) and --eval_samples above 0.")
     keys = ("rounds", "responses_spent", "tokens_spent", "groups", "effective_groups", "effective_group_rate",
             "responses_per_effective_group", "held_out_accuracy_before", "held_out_accuracy_after", "held_out_split",
             "held_out_prompts", "held_out_samples", "held_out_backend", "held_out_curve", "budget_responses",
