@@ -260,7 +260,9 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         rnd = allocator.current_round
         return BatchedEventRound(rnd) if mode == "sync" else rnd
 
-    def close_round(trained, ended, events, token_staleness=None):
+    def close_round(trained, driver, token_staleness=None):  # the round's ended rollouts and events: `driver`'s
+        ended = [{"pid": r.tag, "completion_ids": r.token_ids} for r in driver.ended]
+        events = driver.take_events()
         rnd = allocator.current_round
         summary = allocator.finish_round()
         allocator.record_round(summary, ended, admitted=len(summary["groups"]), requests=[],
@@ -295,8 +297,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         driver.start(rnd)
         while i < rounds:
             trained = driver.run(lambda r: r.info["success"]).trained
-            train_s = close_round(trained, [{"pid": r.tag, "completion_ids": r.token_ids} for r in driver.ended],
-                                  driver.take_events(), driver.token_staleness)
+            train_s = close_round(trained, driver, driver.token_staleness)
             if on_close is not None:
                 on_close(driver, allocator)
             i += 1
@@ -332,8 +333,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
             trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
                         "aborted": r.finish_reason == "abort", "success": r.info["success"]}
                        for r in driver.ended if r.tag in kept]
-            train_s = close_round(trained, [{"pid": r.tag, "completion_ids": r.token_ids} for r in driver.ended],
-                                  driver.take_events())
+            train_s = close_round(trained, driver)
             if on_close is not None:
                 on_close(driver, allocator)
             if resume_after is not None and i + 1 == resume_after:
