@@ -51,6 +51,20 @@ def test_compare_pairs_each_seed_against_stocks_final_accuracy():
     assert rows["cero_sara"]["d_final"]["mean"] == pytest.approx(((0.35 - 0.25) + (0.20 - 0.25)) / 2)
 
 
+def test_cpu_seconds_are_compared_only_where_both_runs_measured_them():
+    """CPU seconds are paired like seconds, on the seeds whose stock and method runs both recorded them (older run
+    files have none)."""
+    cpu = [dict(p, cpu_seconds=3 * p["seconds"]) for p in CURVE]
+    fast = [dict(p, accuracy=a) for p, a in zip(cpu, (0.10, 0.30, 0.30, 0.35))]
+    runs = [record("stock", 0, cpu), record("cero_sara", 0, fast),  # both measured: 45 / 105 CPU seconds
+            record("stock", 1, CURVE), record("cero_sara", 1, fast)]  # stock's run has none: not paired
+    rows = compare(runs)
+    ratio = rows["cero_sara"]["cpu_seconds_to_target_ratio"]
+    assert (ratio["n"], ratio["n_inf"], ratio["mean"]) == (1, 0, pytest.approx(45.0 / 105.0))
+    assert rows["cero_sara"]["seconds_to_target_ratio"]["n"] == 2  # seconds: both seeds
+    assert compare(runs[2:])["cero_sara"]["cpu_seconds_to_target_ratio"]["mean"] is None
+
+
 def test_method_flags_are_train_script_stages():
     assert method_flags("stock") == ["--pacing", "uniform", "--filling", "full"]
     assert method_flags("dapo") == ["--pacing", "uniform", "--filling", "dynamic_sampling"]
@@ -87,7 +101,8 @@ def test_the_bench_runs_train_script_on_local_jsonl_files_and_keeps_finished_run
         assert [p["round"] for p in curve] == [0, 2, 4, 5]
         assert curve[-1]["responses"] == r["responses_spent"] <= r["budget_responses"] == 5 * 32
         assert all(a["responses"] < b["responses"] and a["seconds"] < b["seconds"]
-                   for a, b in zip(curve, curve[1:]))
+                   and a["cpu_seconds"] < b["cpu_seconds"] for a, b in zip(curve, curve[1:]))
+        assert curve[0]["cpu_seconds"] == 0.0 < curve[-1]["cpu_seconds"]
         assert curve[-1]["accuracy"] == r["held_out_accuracy_after"] and r["held_out_prompts"] == 12
         assert r["held_out_split"].endswith("test.jsonl") or "test.jsonl" in r["held_out_split"]
     assert got["stock-s0.json"]["responses_spent"] == 5 * 32  # stock spends its budget exactly

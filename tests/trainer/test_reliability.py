@@ -53,6 +53,9 @@ def test_success_threshold_for_negative_rewards_and_the_no_signal_warning(tmp_pa
     out = capsys.readouterr().out
     assert "3 rounds in a row without one mixed group" in out and "success_threshold (0.5)" in out
     assert "[-1, -1]" in out or "[-1, 0]" in out  # the rewards seen, so the user sees why
+    calls = [h["generation_calls"] for h in silent.allocator.history[:3]]  # SARA: probes, then continuations
+    assert min(calls) >= 2 and f"took {sum(calls) / 3:.1f} generation calls a round over the first 3" in out
+    assert out.count("generation calls a round") == 1  # once per run
     summary = silent.allocation_summary
     assert not summary["trained"] and summary["rounds_without_signal"] == summary["rounds"] == 6
     assert summary["empty_rounds"] == 6 and same_params(before, params(silent))
@@ -594,6 +597,7 @@ def test_groups_mixed_by_success_but_flat_in_the_loss_are_reported(tmp_path, cap
     out = capsys.readouterr().out
     assert sum(h["effective_groups"] for h in t.allocator.history) > 0  # mixed by the verifier...
     assert "have a constant training reward (reward weights: alternating_verifier=0, format_reward=1)" in out
+    assert "generation calls a round" not in out  # full groups: one generate call a round, no note
     assert not t.allocation_summary["trained"] and same_params(before, params(t))  # ...but nothing moved
 
 

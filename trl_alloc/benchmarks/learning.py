@@ -90,7 +90,7 @@ def load_runs(runs_dir: str) -> list[dict[str, Any]]:
 
 
 def cost_to_reach(curve: Sequence[dict[str, Any]], target: float, axis: str) -> float:
-    """The `axis` value ("responses" or "seconds") at which the curve first reaches `target` accuracy, linear
+    """The `axis` value ("responses", "seconds" or "cpu_seconds") at which the curve first reaches `target` accuracy, linear
     between the two evaluations around the crossing; inf if it never does."""
     for i, point in enumerate(curve):
         if point["accuracy"] >= target:
@@ -119,7 +119,8 @@ def paired(values: Iterable[float]) -> dict[str, Any]:
 
 def compare(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per method: final accuracy, its paired difference to stock, and the ratios of responses and seconds to
-    reach stock's final accuracy, over the seeds where stock ran too."""
+    reach stock's final accuracy, over the seeds where stock ran too (and, for CPU seconds, where both runs measured
+    them)."""
     by = {(r["method"], r["seed"]): r for r in runs}
     methods = list(dict.fromkeys([STOCK] + [r["method"] for r in runs]))
     rows = {}
@@ -132,9 +133,9 @@ def compare(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                "wall_s": paired(by[m, s]["held_out_curve"][-1]["seconds"] for s in seeds),
                "d_final": paired(by[m, s]["held_out_accuracy_after"] - by[STOCK, s]["held_out_accuracy_after"]
                                  for s in both)}
-        for axis in ("responses", "seconds"):
+        for axis in ("responses", "seconds", "cpu_seconds"):
             ratios = []
-            for s in both:
+            for s in (s for s in both if all(axis in r["held_out_curve"][0] for r in (by[m, s], by[STOCK, s]))):
                 target = by[STOCK, s]["held_out_accuracy_after"]
                 stock = cost_to_reach(by[STOCK, s]["held_out_curve"], target, axis)
                 if stock > 0:  # (0: the start checkpoint was already there, nothing to compare)
@@ -155,13 +156,15 @@ def _interval(p: dict[str, Any], spec: str, scale: float = 1.0, sign: bool = Fal
 
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
     head = ("| method | seeds | held-out accuracy % | Δ vs stock (pp) | responses to stock's final (× stock) | "
-            "seconds to stock's final (× stock) | responses | run s | eff. group rate % |")
+            "seconds to stock's final (× stock) | CPU seconds to stock's final (× stock) | responses | run s | "
+            "eff. group rate % |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m, r in rows.items():
         lines.append(f"| {method_recipe(m)[0] if m != STOCK else 'stock GRPO'} | {len(r['seeds'])} | "
                      f"{_interval(r['final'], '.1f', 100)} | {_interval(r['d_final'], '.1f', 100, True)} | "
                      f"{_interval(r['responses_to_target_ratio'], '.2f')} | "
-                     f"{_interval(r['seconds_to_target_ratio'], '.2f')} | {_interval(r['responses'], '.0f')} | "
+                     f"{_interval(r['seconds_to_target_ratio'], '.2f')} | "
+                     f"{_interval(r['cpu_seconds_to_target_ratio'], '.2f')} | {_interval(r['responses'], '.0f')} | "
                      f"{_interval(r['wall_s'], '.0f')} | {_interval(r['egr'], '.1f', 100)} |")
     return "\n".join(lines)
 

@@ -1,5 +1,5 @@
 """`train.py --eval_every N`: the learning curve in the user's currency, held-out accuracy against the responses
-spent and the run's seconds (generation and training; the evaluations' own seconds excluded)."""
+spent and the run's seconds (generation and training; the evaluations' own seconds excluded), wall and CPU."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import psutil
 from transformers import TrainerCallback
 
 if TYPE_CHECKING:
@@ -15,47 +16,69 @@ if TYPE_CHECKING:
     from trl_alloc.trainer import AllocGRPOTrainer
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its children, live and ended: a run's cost that other jobs on
+    the machine do not inflate, unlike its wall seconds."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:4])  # user, system, ended children's user and system
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # ended meanwhile
+            pass
+    return total
+
+
 class HeldOutCurve(TrainerCallback):
     """Held-out accuracy every `every` rounds. `evaluate(when)` runs on every rank and returns the accuracy on the
-    main process (None elsewhere); `points` (main process): round, step, responses spent, seconds, accuracy, when."""
+    main process (None elsewhere); `points` (main process): round, step, responses spent, tokens, seconds and CPU
+    seconds (`cpu_seconds`, on the main process and its children), accuracy, when."""
 
     def __init__(self, every: int, trainer: AllocGRPOTrainer, evaluate: Callable[[str], float | None]) -> None:
         self.every, self.trainer, self.evaluate = int(every), trainer, evaluate
         self.points: list[dict[str, Any]] = []
-        self.started: float | None = None
-        self.ended: float | None = None  # the run's seconds at the end of the last optimizer step
-        self.eval_s = 0.0
+        self.started: tuple[float, float] | None = None  # (wall, CPU) at the start of training
+        self.ended: tuple[float, float] = (0.0, 0.0)  # the run's (seconds, CPU seconds) after its last optimizer step
+        self.excluded = [0.0, 0.0]  # the evaluations' own (seconds, CPU seconds)
         self._last_round = 0
 
-    def seconds(self, now: float | None = None) -> float:
-        """The run's seconds so far, evaluations excluded."""
-        if self.started is None:
-            return 0.0
-        return (time.perf_counter() if now is None else now) - self.started - self.eval_s
+    @staticmethod
+    def _clocks() -> tuple[float, float]:
+        return time.perf_counter(), cpu_seconds()
 
-    def add(self, when: str, accuracy: float | None, seconds: float | None = None) -> None:
-        """One point of the curve at the trainer's counters now (nothing on the other ranks)."""
+    def elapsed(self, now: tuple[float, float] | None = None) -> tuple[float, float]:
+        """The run's (seconds, CPU seconds) so far, evaluations excluded."""
+        if self.started is None:
+            return 0.0, 0.0
+        now = self._clocks() if now is None else now
+        return tuple(n - s - e for n, s, e in zip(now, self.started, self.excluded))
+
+    def add(self, when: str, accuracy: float | None, at: tuple[float, float] | None = None) -> None:
+        """One point of the curve at the trainer's counters now (nothing on the other ranks); `at`: its (seconds,
+        CPU seconds), by default the run's so far."""
         if accuracy is None:
             return
         counters = self.trainer.allocator.counters
+        seconds, cpu = self.elapsed() if at is None else at
         self.points.append({"round": counters["rounds"], "step": self.trainer.state.global_step,
                             "responses": counters["responses"], "tokens": counters["tokens"],
-                            "seconds": self.seconds() if seconds is None else seconds, "accuracy": accuracy,
-                            "when": when})
+                            "seconds": seconds, "cpu_seconds": cpu, "accuracy": accuracy, "when": when})
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
-        self.started = time.perf_counter()
+        self.started = self._clocks()
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
-        self.ended = self.seconds()
+        t0 = self._clocks()
+        self.ended = self.elapsed(t0)
         rounds = self.trainer.allocator.counters["rounds"]
         last = state.global_step >= state.max_steps or self.trainer.allocator.budget_exhausted
         if rounds % self.every or rounds == self._last_round or last:  # the last round: the "after" point
             return
-        self._last_round, t0 = rounds, time.perf_counter()
+        self._last_round = rounds
         when = f"round-{rounds}"
         accuracy = self.evaluate(when)
-        self.add(when, accuracy, self.seconds(t0))
-        self.eval_s += time.perf_counter() - t0
+        self.add(when, accuracy, self.ended)
+        for i, (after, before) in enumerate(zip(self._clocks(), t0)):
+            self.excluded[i] += after - before

@@ -245,7 +245,7 @@ def _main(argv=None):
             return accuracy
         from trl_alloc.cli.curve import HeldOutCurve
         curve = HeldOutCurve(script_args.eval_every, trainer, evaluate_now)
-        curve.add("before", before, 0.0)
+        curve.add("before", before, (0.0, 0.0))
         trainer.add_callback(curve)
     trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     trainer.save_model(training_args.output_dir)

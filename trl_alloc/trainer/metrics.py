@@ -11,6 +11,7 @@ from .trl_compat import completion_log, take_pending_metrics, train_metrics
 # Round.stats() keys every filler reports; the rest are the filler's own (logged as alloc/<filling>/<key>)
 BASE_STATS = ("responses", "groups", "effective_groups", "abandoned", "generation_calls", "pruned", "unscored",
               "aborted")
+CALLS_NOTE_ROUNDS = 3  # rounds averaged before the note on generation calls (transformers generation only)
 
 
 class RoundMetricsMixin:
@@ -53,6 +54,7 @@ class RoundMetricsMixin:
             m["alloc/pacing_gap"] = [summary["pacing_gap"]]
         self._warn_without_signal(rows)
         self._warn_flat_groups(entry)
+        self._note_generation_calls(stats["generation_calls"])
         if self.pruner is not None and self.accelerator.is_main_process:
             for line in self.pruner.take_notices():
                 print(f"[trl-alloc] {line}")
@@ -117,6 +119,25 @@ class RoundMetricsMixin:
               f"success signal but have a constant training reward (reward weights: {weights}), so their advantages "
               "are zero and they train nothing. Give the success reward a non-zero weight, or name the reward the "
               "loss sees with --success_reward_funcs.")
+
+    def _note_generation_calls(self, calls):
+        """Once, with transformers generation: a filler that needs several `generate` calls a round (SARA's probe,
+        continue and refill phases, Algorithm 1 of "Early Verdicts, Better Budgets") pays each call's latency."""
+        if self.use_vllm or getattr(self, "_noted_calls", False) or not self.accelerator.is_main_process:
+            return
+        seen = self.__dict__.setdefault("_calls_per_round", [])
+        seen.append(int(calls))
+        if len(seen) < CALLS_NOTE_ROUNDS:
+            return
+        self._noted_calls, mean = True, sum(seen) / len(seen)
+        if mean <= 1.5:
+            return
+        print(f"[trl-alloc] NOTE: filling {self.args.filling!r} took {mean:.1f} generation calls a round over the "
+              f"first {len(seen)} rounds (full groups take 1). With transformers generation each call costs about "
+              "the decoding time of its longest completion whatever its batch, so a round's generation time grows "
+              "with its calls (on an H200, CERO + SARA: 6-9 calls and 4.6-5.7x stock's seconds a round; "
+              "docs/benchmarks.md, \"The learning regime\"). The rollout savings hold; for seconds, generate with "
+              "vLLM (`use_vllm: true`; `rollout_mode: auto` then streams an adaptive filler on GPUs).")
 
     def _warn_without_signal(self, rows):
         """After `no_signal_warning_rounds` rounds in a row without a mixed group, or at the end of a shorter run that
