@@ -22,8 +22,9 @@ from scipy.optimize import nnls
 from ..allocation.allocator import Allocator
 from ..allocation.event_rounds import BatchedEventRound
 from ..rollout.backends import VLLMServerRollouts
-from ..rollout.pruning import RolloutPruner
 from ..rollout.drivers import StreamDriver, run_round
+from ..rollout.loop import StreamRounds
+from ..rollout.pruning import RolloutPruner
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -224,30 +225,24 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
                           max_staleness=config.max_staleness, **detect)
     per_round, staleness = [], []
     completed, score = _recording(score)
-    wait = backend.colocate
+    loop = StreamRounds(allocator, driver, rounds, backend.colocate)
+
+    def train_step():  # the trainer's step (a server generates meanwhile), then the head the close trained
+        time.sleep(train_s)
+        if pruner is not None:
+            rollouts.load_head(pruner.head)
     with backend.monitor(window) as monitor:
         monitor.active = True
         try:
-            allocator.start_round(True, carry=driver.carry, wait_for_groups=wait or rounds == 1)
-            driver.start(allocator.current_round)
-            for i in range(rounds):
+            loop.open()
+            while True:
                 t0, spent0, tokens0, aborted0 = time.perf_counter(), driver.spent, driver.tokens, driver.aborted
                 pruned0 = driver.pruned_count
-                driver.run(score)
-                summary = allocator.finish_round()
+                summary = loop.close(score)
                 staleness.extend(row["staleness"] for row in driver.trained)
                 stats = summary["stats"]
-                more = i + 1 < rounds and not allocator.pacer.finished
-                if more and not backend.colocate:
-                    allocator.start_round(True, carry=driver.carry, wait_for_groups=i + 2 == rounds)
-                    driver.start(allocator.current_round)
-                time.sleep(train_s)  # the trainer's step: a server generates meanwhile
-                driver.push()
-                if pruner is not None:
-                    rollouts.load_head(pruner.head)
-                if more and backend.colocate:
-                    allocator.start_round(True, carry=driver.carry, wait_for_groups=True)
-                    driver.start(allocator.current_round)
+                loop.after_close()
+                loop.after_train(bool(driver.trained), train_step)  # an empty round: no step, nothing pushed
                 per_round.append({"s": time.perf_counter() - t0, "responses": stats["responses"],
                                   "tokens": driver.tokens - tokens0, "aborted": driver.aborted - aborted0,
                                   "pruned": driver.pruned_count - pruned0,
@@ -255,7 +250,7 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
                                   "groups": stats["groups"],
                                   "submissions": stats["generation_calls"], "carried": driver.carried,
                                   "stale_aborted": stats["expired"], "started": driver.spent - spent0})
-                if allocator.pacer.finished:
+                if not loop.more:
                     break
         finally:
             monitor.active = False
@@ -318,27 +313,25 @@ def predict_rounds(method: str, config: AllocGRPOConfig, result: dict[str, Any],
     if mode == "stream":
         driver = StreamDriver(sim, lambda pid: [], config.max_completion_length, window,
                               max_staleness=config.max_staleness)
-        allocator.start_round(True, carry=driver.carry, wait_for_groups=rounds == 1)
-        driver.start(allocator.current_round)
-    for i in range(rounds):
-        if allocator.pacer.finished:
-            break
-        t0 = sim.clock_s
-        if mode == "stream":
-            driver.run(success)
-            allocator.finish_round()
-            if i + 1 < rounds and not allocator.pacer.finished:
-                allocator.start_round(True, carry=driver.carry, wait_for_groups=i + 2 == rounds)
-                driver.start(allocator.current_round)
-            sim.run_for(train_s)
-            driver.push()
-        else:
+        loop = StreamRounds(allocator, driver, rounds)
+        loop.open()
+        while True:
+            t0 = sim.clock_s
+            loop.close(success)
+            loop.after_close()
+            loop.after_train(bool(driver.trained), lambda: sim.run_for(train_s))
+            seconds.append(sim.clock_s - t0)
+            if not loop.more:
+                break
+    else:
+        while len(seconds) < rounds and not allocator.pacer.finished:
+            t0 = sim.clock_s
             allocator.start_round(events=mode == "events")
             driven = allocator if mode == "events" else BatchedEventRound(allocator.current_round)
             run_round(driven, sim, lambda pid: [], success, config.max_completion_length, window)
             allocator.finish_round()
             sim.pause_for(train_s)
-        seconds.append(sim.clock_s - t0)
+            seconds.append(sim.clock_s - t0)
     return {"s_per_round": float(np.mean(seconds)) if seconds else float("nan"), "rounds": len(seconds)}
 
 

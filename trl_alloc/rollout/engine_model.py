@@ -37,6 +37,7 @@ from ..allocation.factory import round_kwargs
 from ..allocation.simulate import DriftingPool, build_method
 from .backends import Rollout
 from .drivers import StreamDriver, run_round
+from .loop import StreamRounds
 
 
 class SimulatedRollouts:
@@ -255,16 +256,14 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         cut = pruning.prune([s.info["cohort"] for s in snaps])
         return [s.rid for s, c in zip(snaps, cut) if c and not s.info["ended"]]
 
-    def open_round(carry=None, wait_for_groups=False):  # the trainer's calls (trainer/event_modes.py)
-        allocator.start_round(events=mode != "sync", carry=carry, wait_for_groups=wait_for_groups)
+    def open_round():  # sync and events (a stream's rounds: `StreamRounds`, as the trainer's)
+        allocator.start_round(events=mode != "sync")
         rnd = allocator.current_round
         return BatchedEventRound(rnd) if mode == "sync" else rnd
 
-    def close_round(trained, driver, token_staleness=None):  # the round's ended rollouts and events: `driver`'s
+    def close_round(rnd, summary, trained, driver, token_staleness=None):  # the ended rollouts and events: `driver`'s
         ended = [{"pid": r.tag, "completion_ids": r.token_ids} for r in driver.ended]
         events = driver.take_events()
-        rnd = allocator.current_round
-        summary = allocator.finish_round()
         allocator.record_round(summary, ended, admitted=len(summary["groups"]), requests=[],
                                loss_responses=len(trained), allocator_s=0.0, round_s=0.0, events=events,
                                responses=summary["stats"]["responses"] if mode == "stream" else None,
@@ -293,30 +292,27 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         engine = (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=args.seed)
         driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=args.window or None,
                               max_staleness=getattr(args, "max_staleness", 1), **detect)
-        rnd = open_round(carry={}, wait_for_groups=colocate or rounds == 1)
-        driver.start(rnd)
-        while i < rounds:
-            trained = driver.run(lambda r: r.info["success"]).trained
-            train_s = close_round(trained, driver, driver.token_staleness)
+        loop = StreamRounds(allocator, driver, rounds, colocate)
+
+        def train_and_sync():  # the trainer's step, then the weight push
+            if colocate:  # one GPU: the engine waits for the trainer
+                engine.pause_for(train_s + sync_s)
+            else:
+                engine.run_for(train_s)
+                engine.pause_for(sync_s)
+        loop.open()
+        while True:
+            rnd = allocator.current_round
+            summary = loop.close(lambda r: r.info["success"])
+            trained = driver.trained
+            train_s = close_round(rnd, summary, trained, driver, driver.token_staleness)
             if on_close is not None:
                 on_close(driver, allocator)
             i += 1
-            more = i < rounds and not allocator.budget_exhausted
-            if more and not colocate:  # the next round starts generating before this one trains
-                rnd = open_round(carry=driver.carry, wait_for_groups=i + 1 == rounds)
-                driver.start(rnd)
-            if trained:  # an empty round advances the scheduler without a policy update
-                if colocate:  # one GPU: the engine waits for the trainer
-                    engine.pause_for(train_s + sync_s)
-                else:
-                    engine.run_for(train_s)
-                    engine.pause_for(sync_s)
-                driver.push()
-            if more and colocate:  # its fresh rollouts start on the new weights
-                rnd = open_round(carry=driver.carry, wait_for_groups=True)
-                driver.start(rnd)
+            loop.after_close()  # (a server: the next round generates while this one trains)
+            loop.after_train(bool(trained), train_and_sync)  # an empty round: no policy update, nothing pushed
             total["train_s"] += train_s
-            if allocator.budget_exhausted or i >= rounds:
+            if not loop.more:
                 break
         driver.finish()
         total.update(engine_s=engine.clock_s, busy_s=engine.busy_s, slot_s=engine.clock_s * engine.slots,
@@ -333,7 +329,8 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
             trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
                         "aborted": r.finish_reason == "abort", "success": r.info["success"]}
                        for r in driver.ended if r.tag in kept]
-            train_s = close_round(trained, driver)
+            closed = allocator.current_round
+            train_s = close_round(closed, allocator.finish_round(), trained, driver)
             if on_close is not None:
                 on_close(driver, allocator)
             if resume_after is not None and i + 1 == resume_after:

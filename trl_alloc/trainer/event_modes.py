@@ -34,6 +34,7 @@ from typing import Any
 from ..rollout.colocate import RankedRollouts, LocalRankRollouts, VLLMColocateRollouts
 from ..rollout.backends import BatchedRollouts, VLLMServerRollouts
 from ..rollout.drivers import RoundDriver, StreamDriver
+from ..rollout.loop import StreamRounds
 from .trl_compat import (colocate_llm, sleep_colocate_engine, sync_vllm_weights, tokenize_prompts, vllm_server_url,
                          wake_colocate_engine)
 
@@ -187,6 +188,7 @@ class StreamRoundMixin:
     """`_run_stream_round`: one round of `rollout_mode="stream"` (module docstring); state on every rank."""
 
     _stream = None          # the StreamDriver (main process)
+    _stream_rounds = None   # its `rollout.loop.StreamRounds`: the order of open, close and push (main process)
     _stream_open = False    # the round to run is already open (started before the last one trained)
     _stream_admitted = 0
     _stream_state = None    # the allocator's state at the last close: what a checkpoint holds
@@ -202,15 +204,24 @@ class StreamRoundMixin:
                                             self.args.vllm_server_timeout if self.use_vllm else None,
                                             max_staleness=self.args.max_staleness, **self._in_stream_pruning(),
                                             on_observe=self.pruner and self.pruner.record)
+                self._stream_rounds = StreamRounds(self.allocator, self._stream, self._stream_rounds_left(),
+                                                   self.colocate)
         return self._stream
 
+    def _opened(self, admitted):
+        """Every rank: whether the loop opened the next round (`admitted`: its prompts, None when it did not)."""
+        if admitted is not None:
+            self._stream_admitted, self._stream_open = admitted, True
+
     def _stream_push(self):
-        """After an optimizer step: the new weights to the engine (paused with `mode=keep`), one version on."""
+        """After an optimizer step: the new weights to the engine (paused with `mode=keep`), one version on; on a
+        colocate engine the next round then opens (`StreamRounds.after_train`)."""
         if self.state.global_step == self._stream_step:
             return
+        self._stream_step = self.state.global_step
         last = getattr(self, "round_state", None)
         if last is not None and last.empty:  # an empty round's step (learning rate 0) changed no weight: the policy
-            self._stream_step = self.state.global_step  # has no new version, its rollouts in flight grow no older
+            self._opened(self._allocate(lambda: self._stream_rounds.after_train(False)))  # has no new version
             return
         main = self.accelerator.is_main_process
         server = self.use_vllm and not self.colocate  # (a colocate engine only steps when polled: nothing to pause)
@@ -221,19 +232,13 @@ class StreamRoundMixin:
                 self._stream.rollouts.load_head(self.pruner.head)
             # still paused: each rollout in flight has exactly the tokens the old weights generated (the push took
             # longer than the last of them took to arrive); its later tokens are the new version's
-            self._allocate(lambda: self._stream.push())
-        self._stream_step = self.state.global_step
+            self._opened(self._allocate(lambda: self._stream_rounds.after_train(True)))
 
     def _stream_rounds_left(self):
         return min(self.num_rounds, self.args.max_steps // self.steps_per_round) - self.allocator.counters["rounds"]
 
     def _open_stream_round(self):
-        # the last round waits for its groups (nothing after it to carry them), and so does every colocate round:
-        # the engine idles while the trainer trains, so closing early would overlap nothing
-        wait = self.colocate or self._stream_rounds_left() <= 1
-        self._stream_admitted = self._allocate(lambda: self.allocator.start_round(True, self._stream.carry, wait))
-        self._allocate(lambda: self._stream.start(self.allocator.current_round))
-        self._stream_open = True
+        self._opened(self._allocate(lambda: self._stream_rounds.open()))
 
     def _run_stream_round(self):
         """(rows that ended this round, the rows to train with their staleness, the allocator's summary, the number of
@@ -246,7 +251,7 @@ class StreamRoundMixin:
         held_rows = self.__dict__.setdefault("_stream_rows", {})
         rows = self._poll_round(driver)
         held_rows.update({row["rid"]: row for row in rows if not row.get("aborted")})
-        summary = self._allocate(self.allocator.finish_round)
+        summary = self._allocate(lambda: self._stream_rounds.close())
         events = []
 
         def close():  # main process: what to train, what to hold (the round's own events stay here, not broadcast)
@@ -266,13 +271,13 @@ class StreamRoundMixin:
         return rows, trained_rows, summary, self._stream_admitted, log
 
     def _after_stream_round(self, summary):
-        """The close's state for checkpoints, then the next round opens at once (its rollouts run while this one
-        trains), or the stream ends with the budget."""
+        """The close's state for checkpoints, then (on a server) the next round opens at once, its rollouts running
+        while this one trains; or the stream ends with the budget."""
         self._stream_state = self.allocator.snapshot() if self.accelerator.is_main_process else None
         if summary["finished"] or self._stream_rounds_left() <= 0:
             self._end_stream()
-        elif not self.colocate:  # (colocate: the engine would not step before the push; opened after it)
-            self._open_stream_round()
+        else:
+            self._opened(self._allocate(lambda: self._stream_rounds.after_close()))
 
     def _end_stream(self):
         if self._stream is not None or self._ranks is not None:  # spent by the rounds that started them, never trained
@@ -283,7 +288,7 @@ class StreamRoundMixin:
             elif self._stream is not None:
                 end()
             self._close_rollouts(self._stream and self._stream.rollouts)
-            self._stream = None
+            self._stream = self._stream_rounds = None
         self._stream_open, self._stream_rows = False, {}
 
     def stream_note(self) -> dict[str, Any] | None:
