@@ -90,8 +90,8 @@ def load_runs(runs_dir: str) -> list[dict[str, Any]]:
 
 
 def cost_to_reach(curve: Sequence[dict[str, Any]], target: float, axis: str) -> float:
-    """The `axis` value ("responses", "seconds" or "cpu_seconds") at which the curve first reaches `target` accuracy, linear
-    between the two evaluations around the crossing; inf if it never does."""
+    """The `axis` value ("responses", "seconds" or "cpu_seconds") at which the curve first reaches `target`
+    accuracy, linear between the two evaluations around the crossing; inf if it never does."""
     for i, point in enumerate(curve):
         if point["accuracy"] >= target:
             if i == 0:

@@ -119,12 +119,16 @@ class EventRoundMixin:
         return rows
 
     def _run_event_round(self):
-        """The round's rows and its log (seconds waited on the rollout backend) on every rank; the main process's log
-        also has the order of events (for the round log, not broadcast)."""
+        """One events round on every rank: its rows (all trained), the allocator's summary, the prompts admitted and
+        its log (seconds waited on the rollout backend; on the main process also the order of events, for the round
+        log, not broadcast)."""
+        admitted = self._allocate(self.allocator.start_round, True)
         if self.use_vllm:
             sync_vllm_weights(self)
         with self._colocate_awake():
-            return self._event_round()
+            rows, log = self._event_round()
+        summary = self._allocate(self.allocator.finish_round)
+        return {"rows": rows, "trained": rows, "summary": summary, "admitted": admitted, "requests": [], "log": log}
 
     @contextlib.contextmanager
     def _colocate_awake(self):
@@ -241,8 +245,8 @@ class StreamRoundMixin:
         self._opened(self._allocate(lambda: self._stream_rounds.open()))
 
     def _run_stream_round(self):
-        """(rows that ended this round, the rows to train with their staleness, the allocator's summary, the number of
-        prompts admitted, the log) on every rank."""
+        """One stream round on every rank: the rows that ended in it, the rows to train (with their staleness), the
+        allocator's summary, the prompts admitted, the log, and `after(entry)` for once the round is recorded."""
         driver = self._stream_driver()
         self._stream_push()
         if not self._stream_open:  # the first round, or the first after a resume
@@ -268,11 +272,20 @@ class StreamRoundMixin:
             log = {**log, "events": events}
         trained_rows = [dict(held_rows[rid], staleness=s) for rid, s in trained]
         self._stream_rows = {rid: held_rows[rid] for rid in held}
-        return rows, trained_rows, summary, self._stream_admitted, log
+        return {"rows": rows, "trained": trained_rows, "summary": summary, "admitted": self._stream_admitted,
+                "requests": [], "log": log, "responses": summary["stats"]["responses"],
+                "log_fields": {"token_staleness": log["token_staleness"]},
+                "after": lambda entry: self._after_stream_round(summary, entry, log)}
 
-    def _after_stream_round(self, summary):
-        """The close's state for checkpoints, then (on a server) the next round opens at once, its rollouts running
-        while this one trains; or the stream ends with the budget."""
+    def _after_stream_round(self, summary, entry, log):
+        """The round's stream figures (`entry`), the close's state for checkpoints, then (on a server) the next round
+        opens at once, its rollouts running while this one trains; or the stream ends with the budget."""
+        staleness = [r["staleness"] for r in self.round_state.loss_rows]
+        entry.update(carried=log["carried"], stale_aborted=log["stale_aborted"], in_flight=log["in_flight"],
+                     staleness_max=max(staleness, default=0),
+                     staleness_mean=round(sum(staleness) / len(staleness), 6) if staleness else 0.0)
+        tokens = sum(log["token_staleness"].values())
+        entry["stale_token_share"] = round(1 - log["token_staleness"].get(0, 0) / tokens, 6) if tokens else 0.0
         self._stream_state = self.allocator.snapshot() if self.accelerator.is_main_process else None
         if summary["finished"] or self._stream_rounds_left() <= 0:
             self._end_stream()

@@ -310,45 +310,39 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         for hook in self.round_start_hooks:
             hook()
         self.round_state.allocator_s = 0.0
+        rounds = {"deterministic": self._deterministic_round, "events": self._run_event_round,
+                  "stream": self._run_stream_round}
+        r = rounds[self.args.rollout_mode]()  # rows, trained, summary, admitted, requests, log (+ the mode's own)
+        summary, log = r["summary"], r["log"]
+        batches = self._build_loss_batches(r["trained"], summary["groups"])
+        state = self.round_state
+        entry = self.allocator.record_round(
+            summary, r["rows"], r["admitted"], r["requests"], len(state.loss_rows), state.allocator_s,
+            time.perf_counter() - t_round, events=None if log is None else log.get("events"),
+            responses=r.get("responses"), log_fields=r.get("log_fields"))
+        entry["flat_groups"] = state.flat_groups  # mixed by success, but a constant training reward
+        if log is not None:
+            entry["engine_wait_s"] = round(log["waited_s"], 6)
+        if "after" in r:  # stream: its figures, then the next round opens (before this one trains)
+            r["after"](entry)
+        self._rounds_this_session += 1
+        self._log_round(r["rows"], summary, entry)
+        return batches
+
+    def _deterministic_round(self):
+        """`rollout_mode="deterministic"`: the filler's generation requests, one batched call each (TRL's
+        generation step across the ranks), observed one by one."""
         allocator = self.allocator
-        mode = self.args.rollout_mode
-        if mode == "stream":  # one stream across rounds: carry-over, the next round runs while this one trains
-            rows, trained, summary, admitted, log = self._run_stream_round()
-            requests = []
-        else:
-            admitted = self._allocate(allocator.start_round, mode == "events")
-            rows, requests, log = [], [], None
-        if mode == "events":  # rollouts started within a window, decided on as they end (event_modes.py)
-            rows, log = self._run_event_round()
-        while mode == "deterministic" and (request := self._allocate(allocator.next_request)) is not None:
+        admitted = self._allocate(allocator.start_round, False)
+        rows, requests = [], []
+        while (request := self._allocate(allocator.next_request)) is not None:
             requests.append(request)
             new = self._generate_and_score_request(*request)
             rows.extend(new)
             self._allocate(allocator.observe, new, request)
-        if mode != "stream":
-            summary = self._allocate(allocator.finish_round)
-            trained = rows
-        batches = self._build_loss_batches(trained, summary["groups"])
-        state = self.round_state
-        stream = mode == "stream"
-        entry = allocator.record_round(summary, rows, admitted, requests, len(state.loss_rows), state.allocator_s,
-                                    time.perf_counter() - t_round, events=None if log is None else log.get("events"),
-                                    responses=summary["stats"]["responses"] if stream else None,
-                                    log_fields={"token_staleness": log["token_staleness"]} if stream else None)
-        entry["flat_groups"] = state.flat_groups  # mixed by success, but a constant training reward
-        if log is not None:
-            entry["engine_wait_s"] = round(log["waited_s"], 6)
-        if stream:
-            staleness = [r["staleness"] for r in self.round_state.loss_rows]
-            entry.update(carried=log["carried"], stale_aborted=log["stale_aborted"], in_flight=log["in_flight"],
-                         staleness_max=max(staleness, default=0),
-                         staleness_mean=round(sum(staleness) / len(staleness), 6) if staleness else 0.0)
-            tokens = sum(log["token_staleness"].values())
-            entry["stale_token_share"] = round(1 - log["token_staleness"].get(0, 0) / tokens, 6) if tokens else 0.0
-            self._after_stream_round(summary)
-        self._rounds_this_session += 1
-        self._log_round(rows, summary, entry)
-        return batches
+        summary = self._allocate(allocator.finish_round)
+        return {"rows": rows, "trained": rows, "summary": summary, "admitted": admitted, "requests": requests,
+                "log": None}
 
     # ------------------------------------------------------------------ empty rounds
     def _compute_loss(self, model, inputs):
