@@ -20,10 +20,9 @@ import requests
 from scipy.optimize import nnls
 
 from ..allocation.allocator import Allocator
-from ..allocation.event_rounds import BatchedEventRound
 from ..rollout.backends import VLLMServerRollouts
-from ..rollout.drivers import StreamDriver, run_round
-from ..rollout.loop import StreamRounds
+from ..rollout.drivers import StreamDriver
+from ..rollout.loop import StreamRounds, run_next_round
 from ..rollout.pruning import RolloutPruner
 
 if TYPE_CHECKING:
@@ -170,16 +169,14 @@ def run_rounds(method: str, config: AllocGRPOConfig, backend: ServerBackend | Co
             if allocator.pacer.finished:
                 break
             t0 = time.perf_counter()
-            allocator.start_round(events=events)
-            driven = allocator if events else BatchedEventRound(allocator.current_round)
             rollouts = backend.rollouts(config, window, None if pruner is None else pruner.head)
             snapshots.clear()
             head_state = None if pruner is None else {k: v.clone() for k, v in pruner.head.state_dict().items()}
             monitor.active = True
             try:
-                driver = run_round(driven, rollouts, prompt_ids_of, score, config.max_completion_length, window,
-                                   timeout=600, detect_at=pruner and pruner.detect_length,
-                                   on_detect=pruner and on_detect)
+                driver = run_next_round(allocator, events, rollouts, prompt_ids_of, score,
+                                        config.max_completion_length, max_inflight=window, timeout=600,
+                                        detect_at=pruner and pruner.detect_length, on_detect=pruner and on_detect)
             finally:
                 monitor.active = False
                 rollouts.close()
@@ -326,9 +323,8 @@ def predict_rounds(method: str, config: AllocGRPOConfig, result: dict[str, Any],
     else:
         while len(seconds) < rounds and not allocator.pacer.finished:
             t0 = sim.clock_s
-            allocator.start_round(events=mode == "events")
-            driven = allocator if mode == "events" else BatchedEventRound(allocator.current_round)
-            run_round(driven, sim, lambda pid: [], success, config.max_completion_length, window)
+            run_next_round(allocator, mode == "events", sim, lambda pid: [], success, config.max_completion_length,
+                           max_inflight=window)
             allocator.finish_round()
             sim.pause_for(train_s)
             seconds.append(sim.clock_s - t0)

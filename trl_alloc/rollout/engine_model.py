@@ -31,13 +31,12 @@ from typing import Any
 import numpy as np
 
 from ..allocation.arrol import RandomPruning
-from ..allocation.event_rounds import BatchedEventRound
 from ..allocation.allocator import Allocator, json_default
 from ..allocation.factory import round_kwargs
 from ..allocation.simulate import DriftingPool, build_method
 from .backends import Rollout
-from .drivers import StreamDriver, run_round
-from .loop import StreamRounds
+from .drivers import StreamDriver
+from .loop import StreamRounds, run_next_round
 
 
 class SimulatedRollouts:
@@ -256,11 +255,6 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         cut = pruning.prune([s.info["cohort"] for s in snaps])
         return [s.rid for s, c in zip(snaps, cut) if c and not s.info["ended"]]
 
-    def open_round():  # sync and events (a stream's rounds: `StreamRounds`, as the trainer's)
-        allocator.start_round(events=mode != "sync")
-        rnd = allocator.current_round
-        return BatchedEventRound(rnd) if mode == "sync" else rnd
-
     def close_round(rnd, summary, trained, driver, token_staleness=None):  # the ended rollouts and events: `driver`'s
         ended = [{"pid": r.tag, "completion_ids": r.token_ids} for r in driver.ended]
         events = driver.take_events()
@@ -321,16 +315,16 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
                      stale_aborted=driver.stale_aborted, pruned=driver.pruned_count)
     else:
         while i < rounds and not allocator.budget_exhausted:
-            rnd = open_round()
             engine = (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=[args.seed, i])
-            driver = run_round(rnd, engine, lambda pid: [], lambda r: r.info["success"], args.max_tokens,
-                               max_inflight=args.window or None, **detect)
-            kept = {int(p) for p in rnd.groups}
+            driver = run_next_round(allocator, mode == "events", engine, lambda pid: [], lambda r: r.info["success"],
+                                    args.max_tokens, max_inflight=args.window or None, **detect)
+            closed = allocator.current_round
+            summary = allocator.finish_round()
+            kept = set(summary["groups"])
             trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
                         "aborted": r.finish_reason == "abort", "success": r.info["success"]}
                        for r in driver.ended if r.tag in kept]
-            closed = allocator.current_round
-            train_s = close_round(closed, allocator.finish_round(), trained, driver)
+            train_s = close_round(closed, summary, trained, driver)
             if on_close is not None:
                 on_close(driver, allocator)
             if resume_after is not None and i + 1 == resume_after:

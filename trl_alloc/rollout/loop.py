@@ -1,6 +1,11 @@
-"""The order of a stream's rounds (`rollout_mode="stream"`), in one place: the trainer (trainer/event_modes.py), the
-engine model (`rollout.engine_model.simulate_engine`, scripts/plan.py) and the rollout bench
-(`benchmarks.rollout`) all drive a `StreamDriver` through `StreamRounds`.
+"""The rounds of a run over a rollout backend, in one place.
+
+`run_next_round`: one synchronous or events round, as the engine model (`rollout.engine_model.simulate_engine`,
+scripts/plan.py) and the rollout bench (`benchmarks.rollout`) run it. (The trainer's own deterministic and events
+rounds go through TRL's generation step across its ranks: trainer/grpo.py, trainer/event_modes.py.)
+
+`StreamRounds`: the order of a stream's rounds (`rollout_mode="stream"`); the trainer (trainer/event_modes.py), the
+engine model and the rollout bench all drive their `StreamDriver` through it.
 
     rounds = StreamRounds(allocator, driver, num_rounds, colocate)
     rounds.open()                               # the first round
@@ -22,13 +27,27 @@ policy version, so the rollouts in flight grow no older).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from ..allocation.event_rounds import BatchedEventRound
+from .drivers import RoundDriver, run_round
 
 if TYPE_CHECKING:
     from ..allocation.allocator import Allocator
     from .backends import Rollout
     from .drivers import StreamDriver
+
+
+def run_next_round(allocator: Allocator, events: bool, rollouts: Any, prompt_ids_of: Callable[[int], Sequence[int]],
+                   success: Callable[[Rollout], float], max_tokens: int, **driver_kwargs: Any) -> RoundDriver:
+    """The allocator's next round, opened and run to its end over `rollouts` by a `RoundDriver` (left open: the
+    caller closes it with `allocator.finish_round()`). As events each rollout is decided as it ends; otherwise each
+    filler call is submitted whole and decided when its last rollout ends (deterministic mode over an engine).
+    `driver_kwargs`: `RoundDriver`'s (`max_inflight`, `timeout`, `detect_at`, `on_detect`)."""
+    allocator.start_round(events=events)
+    driven = allocator if events else BatchedEventRound(allocator.current_round)
+    return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
 
 
 class StreamRounds:
@@ -76,4 +95,4 @@ class StreamRounds:
         return self.open() if self.more and self.colocate and not self.is_open else None
 
 
-__all__ = ["StreamRounds"]
+__all__ = ["StreamRounds", "run_next_round"]
