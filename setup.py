@@ -22,6 +22,7 @@ setup(
         "math-verify>=0.9",
         "matplotlib",
         "tensorboard",
+        "psutil",  # CPU seconds of a run (trl_alloc/cli/curve.py); TRL needs it too
     ],
     extras_require={
         "deepspeed": ["deepspeed>=0.19"],

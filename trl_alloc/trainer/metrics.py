@@ -12,6 +12,7 @@ from .trl_compat import completion_log, take_pending_metrics, train_metrics
 BASE_STATS = ("responses", "groups", "effective_groups", "abandoned", "generation_calls", "pruned", "unscored",
               "aborted")
 CALLS_NOTE_ROUNDS = 3  # rounds averaged before the note on generation calls (transformers generation only)
+CALLS_NOTE_ABOVE = 1.5  # mean generation calls a round above which it is printed (full groups take 1)
 
 
 class RoundMetricsMixin:
@@ -130,7 +131,7 @@ class RoundMetricsMixin:
         if len(seen) < CALLS_NOTE_ROUNDS:
             return
         self._noted_calls, mean = True, sum(seen) / len(seen)
-        if mean <= 1.5:
+        if mean <= CALLS_NOTE_ABOVE:
             return
         print(f"[trl-alloc] NOTE: filling {self.args.filling!r} took {mean:.1f} generation calls a round over the "
               f"first {len(seen)} rounds (full groups take 1). With transformers generation each call costs about "
