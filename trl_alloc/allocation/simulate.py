@@ -68,8 +68,8 @@ def predicted_success_bins(predicted: np.ndarray, admitted: np.ndarray, bins: in
 
 
 def plan_settings(method: str, args: Any) -> SimpleNamespace:
-    """The config fields a method reads (`from_config`), at plan.py's settings `args`, for `method` written
-    'pacing+filling' ('cero' alone: full groups). The rest are the config's defaults; a plain pacer admits
+    """The config fields plan.py's settings `args` give, for `method` written 'pacing+filling' ('cero' alone: full
+    groups); every other hyperparameter is its declared default (`ConfiguredMethod.settings`). A plain pacer admits
     budget / (K·k) prompts per round, so every method spends the same budget over K rounds."""
     pacing, _, filling = method.partition("+")
     k = args.units_per_group * args.unit_size
@@ -77,11 +77,8 @@ def plan_settings(method: str, args: Any) -> SimpleNamespace:
         pacing=pacing, filling=filling or "full", num_generations=k, unit_size=args.unit_size,
         max_units=args.units_per_group, round_capacity=args.capacity, rollout_budget=args.budget,
         generation_batch_size=args.budget // args.rounds, nominal_prompts_per_round=args.budget // (k * args.rounds),
-        target_groups=None, history_decay=args.history_decay, tau_low=args.tau_low, probe=2, commit_min=None,
-        prior_alpha=1.0, prior_beta=1.0, sara_safety_factor=6, sara_overcommit=getattr(args, "sara_overcommit", 1.5),
-        max_generation_batches=10,  # (AllocGRPOConfig's default)
-        knapsack_min_n=2, knapsack_max_n=4 * k, saturation=1.0, forgetting=1.0, init_price=0.5, step_size=None,
-        catch_up=True, random_matched_reference=None, pacing_kwargs=getattr(args, "pacing_kwargs", None),
+        target_groups=None, history_decay=args.history_decay, tau_low=args.tau_low,
+        sara_overcommit=getattr(args, "sara_overcommit", 1.5), pacing_kwargs=getattr(args, "pacing_kwargs", None),
         filling_kwargs=getattr(args, "filling_kwargs", None))
 
 
