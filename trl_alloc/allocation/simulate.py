@@ -106,29 +106,24 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     k = args.units_per_group * args.unit_size
     rec = {"spend": [], "groups": [], "effective": [], "expected_effective": [], "alloc_ms": []}
     lifts = []
+    clock = [0.0]
+
+    def timed(method, *call_args):  # the allocator's own time, without the pool's sampling
+        t0 = time.perf_counter()
+        out = method(*call_args)
+        clock[0] += time.perf_counter() - t0
+        return out
+
+    def generate(ids, counts):
+        return [{"pid": pid, "success": float(x)} for pid, got in zip(ids, pool.sample(ids, counts)) for x in got]
+
     # (a filler that spends less than planned may run past `rounds` until the budget is spent, up to 4x; a
     # remainder smaller than one group ends the run)
     while not pacer.finished and pacer.remaining_responses >= k and pool.t < 4 * args.rounds:
         predicted = None if pacer.posterior is None else pacer.posterior.mean.copy()
-        t0 = time.perf_counter()
-        allocator.start_round()  # the trainer's deterministic round (trainer/grpo.py)
-        ms = time.perf_counter() - t0
-        p = pool.success_rate()
-        while True:
-            t0 = time.perf_counter()
-            request = allocator.next_request()
-            ms += time.perf_counter() - t0
-            if request is None:
-                break
-            rewards = pool.sample(*request)
-            rows = [{"pid": pid, "success": float(x)} for pid, got in zip(request[0], rewards) for x in got]
-            t0 = time.perf_counter()
-            allocator.observe(rows, request)
-            ms += time.perf_counter() - t0
-        rnd = allocator.current_round
-        t0 = time.perf_counter()
-        allocator.finish_round()
-        ms += time.perf_counter() - t0
+        p, clock[0] = pool.success_rate(), 0.0
+        allocator.run_round(generate, timed)  # the trainer's deterministic round (trainer/grpo.py)
+        rnd, ms = allocator.closed_round, clock[0]
         spent = rnd.outcomes(pacer.num_prompts)[2]
         admitted = np.asarray(rnd.groups, np.int64)
         if predicted is not None and pool.t >= args.rounds // 10:      # after the first visits
