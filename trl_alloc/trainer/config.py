@@ -1,8 +1,9 @@
 """TRL-style configs: `AllocGRPOConfig(GRPOConfig)` and `AllocDAPOConfig`, parsed by `TrlParser`.
 
 One optimizer step is one scheduler round. The stage fields (`pacing`, `filling`, `pruning`) pick
-the sampling pipeline; the rest are the stages' hyperparameters (CERO arXiv 2610.09679, SARA "Early
-Verdicts, Better Budgets", ARROL arXiv 2603.24840, and the baselines of docs/allocation.md).
+the sampling pipeline. Each method declares its own hyperparameters on its class (CERO arXiv 2610.09679,
+SARA "Early Verdicts, Better Budgets", ARROL arXiv 2603.24840, the baselines of docs/allocation.md), and
+the fields, `--help` and docstring below are generated from those declarations (`_MethodFields`).
 """
 
 import dataclasses
