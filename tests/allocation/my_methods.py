@@ -2,24 +2,19 @@
 own, named in the config by its import path. Not a test file; `test_registry.py` trains with them."""
 
 from trl_alloc.allocation import UniformPacer
+from trl_alloc.allocation.hyperparameters import Hyperparameter, within
 
 
 class HalfPacer(UniformPacer):
-    """Uniform pacing that admits only `fraction` (its own hyperparameter, from `pacing_kwargs`) of
-    `prompts_per_round` prompts each round."""
+    """Uniform pacing that admits only `fraction` (its own hyperparameter, declared below and given in
+    `pacing_kwargs`) of `prompts_per_round` prompts each round."""
 
-    config_kwargs = ("fraction",)
+    hyperparameters = (Hyperparameter("fraction", float, 0.5, "Share of prompts_per_round admitted each round.",
+                                      within(0, 1, low_open=True)),)
 
-    @classmethod
-    def from_config(cls, args, context):
-        pacer = super().from_config(args, context)
-        fraction = args.pacing_kwargs.get("fraction", 0.5)
-        pacer.admitted = max(1, int(args.nominal_prompts_per_round * fraction))
-        return pacer
-
-    @classmethod
-    def _config_kwargs(cls, args):
-        return {}  # `fraction` is read in from_config
+    def __init__(self, *args, fraction=0.5, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.admitted = max(1, int(self.prompts_per_round * fraction))
 
     def propose(self):
         units = super().propose()

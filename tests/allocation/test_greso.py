@@ -114,7 +114,12 @@ def test_runs_in_the_bench_recipes_and_the_config(tmp_path):
                                                       10) == 320
     common = dict(output_dir=str(tmp_path), use_cpu=True, report_to=[], per_device_train_batch_size=8,
                   num_generations=4, pacing="greso", filling="dynamic_sampling")
-    assert AllocGRPOConfig(**common, pacing_kwargs='{"p_hard": 0.3}').pacing_kwargs == {"p_hard": 0.3}
+    given = AllocGRPOConfig(**common, pacing_kwargs='{"p_hard": 0.3}')  # a key of pacing_kwargs sets the field
+    assert given.p_hard == 0.3 and given.pacing_kwargs == {} and AllocGRPOConfig(**common, p_hard=0.3).p_hard == 0.3
+    with pytest.raises(ValueError, match=r"GRESO's `p_easy` \(0.99\) must lie in \[p_min, p_max\] = \[0.05, 0.95\]"):
+        AllocGRPOConfig(**common, p_easy=0.99)
+    with pytest.raises(ValueError, match=r"`delta_p` must lie in \[0, 1\], got 2"):
+        AllocGRPOConfig(**common, pacing_kwargs={"delta_p": 2})
     with pytest.raises(ValueError, match=r"`pacing_kwargs` has \['p_medium'\], which pacing='greso' does not take"):
         AllocGRPOConfig(**common, pacing_kwargs={"p_medium": 0.3})
 

@@ -16,7 +16,7 @@ import pytest
 
 from trl_alloc.rollout.engine_model import SimulatedRollouts, simulate_engine
 
-SCHEDULES = 1200
+SCHEDULES = 2000
 PLAN = dict(prompts=24, rounds=6, budget=6 * 32, unit_size=4, units_per_group=2, capacity=8, tau_low=0.45,
             history_decay=1.0, drift=1.5, engine_seqs=10, step_ms=25.0, length_median=4.0, length_sigma=0.8,
             max_tokens=12, window=12, train_ms_per_token=0.5, sync_s=0.1)

@@ -8,6 +8,7 @@ main process only, and its result is shared with every rank):
     while (req := allocator.next_request()):        # (prompt ids, responses per prompt)
         rows = generate and score req            # the trainer's part
         allocator.observe(rows, req)                # filler decides; pruner learns
+    # (these lines are `Allocator.run_round`, which the trainer and `allocation.simulate` both call)
     # or, event-driven (start_round(events=True); rollout.drivers.RoundDriver runs this part):
     #   allocator.submissions(room) -> [(pid, n)] to start; allocator.observe_rollouts(rows) -> prompts to abort
     summary = allocator.finish_round()              # pacer.update(successes, failures)
@@ -45,6 +46,10 @@ PLAN_FIELDS = ("pacing", "filling", "pruning", "num_prompts", "num_rounds", "rol
                "dataset_fingerprint")
 COUNTERS = ("rounds", "responses", "tokens", "empty_rounds", "rounds_without_signal", "unscored")
 ROUND_LOG_NAME = "rounds.jsonl"
+
+
+def _call(method: Callable[..., Any], *args: Any) -> Any:
+    return method(*args)
 
 
 def round_log_file(output_dir: str) -> str:
@@ -137,6 +142,7 @@ class Allocator:
         self.budget_exhausted = False
         self.signal_streak = 0  # rounds in a row without a mixed group
         self._round = None
+        self.closed_round = None  # the last round `finish_round` closed
 
     @classmethod
     def from_config(cls, args: Any, num_prompts: int, num_rounds: int, plan: dict | Callable[[], dict],
@@ -184,6 +190,22 @@ class Allocator:
         if self.pruner is not None:
             self.pruner.record(rows)
 
+    def run_round(self, generate: Callable[[list[int], list[int]], list[dict]],
+                  step: Callable[..., Any] = _call) -> dict:
+        """One synchronous round, the loop of the module docstring (the trainer's deterministic mode and
+        `allocation.simulate` both run this copy): each request's rows come from `generate(prompt ids, counts)`.
+        `step(method, *args)` makes each allocator call (the trainer: on the main process, its result shared with
+        every rank; the simulator: timed). Returns the round's admitted, rows, requests and summary."""
+        admitted = step(self.start_round, False)
+        rows, requests = [], []
+        while (request := step(self.next_request)) is not None:
+            requests.append(request)
+            new = generate(*request)
+            rows.extend(new)
+            step(self.observe, new, request)
+        summary = step(self.finish_round)
+        return {"admitted": admitted, "rows": rows, "requests": requests, "summary": summary}
+
     # ------------------------------------------------------------------ one event-driven round (main process)
     @property
     def current_round(self) -> Round | BatchedEventRound | None:
@@ -207,8 +229,10 @@ class Allocator:
         return cancelled
 
     def finish_round(self) -> dict:
-        """Close the round: the pacer learns each prompt's successes and failures; returns the round's summary."""
+        """Close the round: the pacer learns each prompt's successes and failures; returns the round's summary (the
+        closed round stays readable as `closed_round` until the next one closes)."""
         rnd, self._round = self._round, None
+        self.closed_round = rnd
         carried = {"prepaid": rnd.prepaid_counts(self.pacer.num_prompts)} if getattr(rnd, "carries", False) else {}
         self.pacer.update(*rnd.outcomes(self.pacer.num_prompts), **carried)
         out = {"groups": [int(g) for g in rnd.groups], "stats": rnd.stats(),

@@ -5,9 +5,10 @@ time. numpy/scipy only."""
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Hashable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.optimize import brentq
@@ -15,6 +16,8 @@ from scipy.special import expit
 from scipy.stats import norm, rankdata
 
 from ._checks import check_finite, check_int, check_open_unit
+from .base import ConfiguredMethod
+from .hyperparameters import Hyperparameter, at_least, positive, within
 from .registry import register
 
 if TYPE_CHECKING:
@@ -303,13 +306,83 @@ class AUCGate:
 
 
 @register("pruning", "arrol")
-class ARROLPruning:
+class ARROLPruning(ConfiguredMethod):
     """ARROL's pruning decision on one request's eligible partial rollouts (docs/arrol.md): head logits ->
     calibrated q (`ScoreCalibrator`) -> per-prompt-group survival probabilities (`survival_probabilities`)
     -> sampled survivors. Nothing is pruned during the first `cold_start_rounds` rounds, nor while the `AUCGate`
     is closed; a `heldout_fraction` of the eligible rollouts (drawn by `hold_out`) feeds that gate."""
 
+    stage = "pruning"
     uses_head = True
+    hyperparameters = (  # the paper's defaults (arXiv 2603.24840), and the gate's (docs/arrol.md)
+        Hyperparameter("detect_length", int, 512, "ARROL detection length L_detect in tokens: every rollout generates "
+                       "up to this many tokens, then the unfinished ones are scored once and pruned or continued. "
+                       "Must be below max_completion_length.", at_least(1)),
+        Hyperparameter("prune_undecided", bool, True, "Events mode: True (docs/arrol.md) = ARROL may prune any "
+                       "eligible rollout; False = only rollouts of prompts already known to be mixed (a success and a "
+                       "failure observed), so SARA's probes, whose outcomes decide a prompt, are never cut (with full "
+                       "groups that leaves almost nothing to prune)."),
+        Hyperparameter("keep_ratio", float, 0.5, "ARROL keep ratio κ: expected fraction of the rollouts reaching "
+                       "detect_length that survive.", within(0, 1, low_open=True)),
+        Hyperparameter("target_ratio", float, 0.5, "ARROL target positive ratio ρ that pruning steers each group's "
+                       "survivors toward.", within(0, 1)),
+        Hyperparameter("survival_slope", float, 0.5, "ARROL slope λ of the survival probability p = clip(κ + δ + "
+                       "λ(ρ − q), p_min, p_max).", at_least(0)),
+        Hyperparameter("survival_min", float, 0.1, "ARROL lower clip p_min of survival probabilities.", within(0, 1)),
+        Hyperparameter("survival_max", float, 0.9, "ARROL upper clip p_max of survival probabilities.", within(0, 1)),
+        Hyperparameter("cold_start_rounds", int, 20, "ARROL rounds without pruning at the start (the head and "
+                       "calibrator learn from every rollout).", at_least(0)),
+        Hyperparameter("cold_start_steps", int | None, None, "Deprecated name of `cold_start_rounds` (it counts "
+                       "rounds, not optimizer steps)."),
+        Hyperparameter("head_hidden_size", int, 256, "Width of the quality head's hidden layer (2-layer MLP on the "
+                       "policy's last hidden state).", at_least(1)),
+        Hyperparameter("head_learning_rate", float, 1e-3, "Learning rate of the quality head's own Adam optimizer "
+                       "(one step per round).", positive),
+        Hyperparameter("calibration_bins", int, 10, "Bins B of the quality head's score calibrator (sigmoid(logit) "
+                       "binned on [0, 1]).", at_least(1)),
+        Hyperparameter("calibration_buffer", int, 2048, "Sliding buffer of completed rollouts (bin, label) behind the "
+                       "calibrator's per-bin counts.", at_least(1)),
+        Hyperparameter("calibration_alpha", float, 1.0, "Laplace smoothing α of the calibrator's per-bin counts.",
+                       positive),
+        Hyperparameter("pruning_min_auc", float, 0.7, "ARROL's gate (docs/arrol.md, 'The gate'): prune only while the "
+                       "quality head ranks a group's held-out rollouts with AUC at least this (within groups, "
+                       "significantly above 0.5: one-sided p <= 0.001); otherwise rollouts run to the end. 0 turns "
+                       "the gate off. Not in the paper: at small scale the head can rank no better than a coin.",
+                       within(0, 1)),
+        Hyperparameter("pruning_heldout_fraction", float, 0.2, "Share of the groups whose eligible rollouts the gate "
+                       "holds out, whole: never pruned, never trained on, scored by the head before it sees them."),
+        Hyperparameter("pruning_gate_window", int, 512, "The gate's AUC is measured over this many of the latest "
+                       "held-out rollouts.", at_least(1)),
+        Hyperparameter("quality_head_init", str | None, None, "Start the quality head from this QualityHead folder "
+                       "(e.g. `scripts/arrol_study.py --save_head` on a probe pass of the base model) instead of a "
+                       "random head; its hidden size must be the policy's."),
+    )
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        """The rules between the hyperparameters, and with `max_completion_length`."""
+        if args.pruning_min_auc > 0 and not 0 < args.pruning_heldout_fraction < 1:
+            raise ValueError(f"`pruning_heldout_fraction` must lie in (0, 1) while the gate is on (pruning_min_auc="
+                             f"{args.pruning_min_auc}), got {args.pruning_heldout_fraction}: the gate measures the "
+                             "head on rollouts it never trained on. Set pruning_min_auc=0 to turn the gate off.")
+        if args.quality_head_init is not None and not os.path.isfile(
+                os.path.join(args.quality_head_init, "model.safetensors")):
+            raise ValueError(f"quality_head_init={args.quality_head_init!r} is not a QualityHead folder (no "
+                             "model.safetensors): give the folder `scripts/arrol_study.py --save_head` or a run's "
+                             "`quality_head/` wrote.")
+        if args.survival_min > args.survival_max:
+            raise ValueError(f"`survival_min` ({args.survival_min}) must not exceed `survival_max` "
+                             f"({args.survival_max}).")
+        if args.keep_ratio < 1 and not args.survival_min <= args.keep_ratio <= args.survival_max:
+            raise ValueError(f"`keep_ratio` ({args.keep_ratio}) must lie in [survival_min, survival_max] = "
+                             f"[{args.survival_min}, {args.survival_max}]: the mean survival probability is κ and "
+                             "each one is clipped to that range; widen the range or change `keep_ratio`.")
+        if args.detect_length >= (args.max_completion_length or 0):
+            raise ValueError(f"pruning={args.pruning!r} needs `detect_length` ({args.detect_length}) below "
+                             f"`max_completion_length` ({args.max_completion_length}): a rollout is scored when it "
+                             "reaches detect_length and survivors continue up to max_completion_length. Lower "
+                             "`detect_length` (ARROL arXiv 2603.24840: 512 for long reasoning; a few tokens for tiny "
+                             "models) or set pruning='none'.")
 
     def __init__(self, keep_ratio: float = 0.5, target_ratio: float = 0.5, slope: float = 0.5, p_min: float = 0.1,
                  p_max: float = 0.9, cold_start_rounds: int = 20, calibration_bins: int = 10,

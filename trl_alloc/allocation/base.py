@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .event_rounds import EventRound, SynchronousRound
+from .hyperparameters import Hyperparameter
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -47,12 +48,21 @@ class RunContext:
 
 
 class ConfiguredMethod:
-    """What every registered method shares: its name, the keys of its own hyperparameters in the config's
-    `<stage>_kwargs`, and how it is built from and checked against the config
+    """What every registered method shares: its name, its own hyperparameters (declared once, here; the config's
+    fields and `--help` are built from them), and how it is built from and checked against the config
     (docs/architecture.md#adding-a-method)."""
 
     method_name = None  # set by `registry.register`
-    config_kwargs = ()  # the keys it reads from the config's `pacing_kwargs` / `filling_kwargs`
+    stage: str  # "pacing", "filling" or "pruning"
+    hyperparameters: tuple[Hyperparameter, ...] = ()
+
+    @classmethod
+    def settings(cls, args: Any) -> dict[str, Any]:
+        """This method's hyperparameters in `args`: the config's `<stage>_kwargs` entry (how a method named by its
+        import path gets its own), else the config field of that name (a registered method's), else the default."""
+        own = getattr(args, f"{cls.stage}_kwargs", None) or {}
+        return {h.name: own[h.name] if h.name in own else getattr(args, h.name, h.default)
+                for h in cls.hyperparameters}
 
     @classmethod
     def from_config(cls, args: Any, context: RunContext) -> ConfiguredMethod:
@@ -72,6 +82,7 @@ class Pacer(ConfiguredMethod):
     object with its fields) and answers the config's budget questions through the class methods below, so the
     config never branches on its name."""
 
+    stage = "pacing"
     num_prompts: int
     unit_size: int
     remaining_responses: int
@@ -144,6 +155,7 @@ class Filler(ConfiguredMethod):
     backend. `group_size` is k; `oversample` is the round's response cap, in groups of the target, when the pacer
     does not pace spend."""
 
+    stage = "filling"
     group_size: int
     oversample = 1
     adaptive = True  # False: every admitted prompt gets its full group, nothing is decided within the round

@@ -10,6 +10,7 @@ import numpy as np
 from ._checks import check_counts, check_int
 from .base import Filler, Pacer, RunContext
 from .event_rounds import EventRound
+from .hyperparameters import Hyperparameter, at_least
 from .registry import method_class, register
 
 if TYPE_CHECKING:
@@ -68,11 +69,12 @@ class UniformPacer(_BudgetedPacer):
             raise ValueError(f"`prompts_per_round` ({ppr}) exceeds the {context.num_prompts} prompts of the training "
                              "dataset; lower it (or `per_device_train_batch_size`), or use a larger dataset.")
         return cls(context.num_prompts, prompts_per_round=ppr, group_size=args.num_generations,
-                   budget_responses=context.budget, seed=context.seed, **cls._config_kwargs(args))
+                   budget_responses=context.budget, seed=context.seed, **cls.constructor_arguments(args))
 
     @classmethod
-    def _config_kwargs(cls, args):
-        return {}
+    def constructor_arguments(cls, args: Any) -> dict[str, Any]:
+        """The constructor's keyword arguments from the method's hyperparameters (same names by default)."""
+        return cls.settings(args)
 
     @classmethod
     def budget_for(cls, args: Any, num_rounds: int) -> int:
@@ -151,9 +153,16 @@ class KnapsackPacer(UniformPacer):
     One unit = one response.
     """
 
+    hyperparameters = (
+        Hyperparameter("knapsack_min_n", int, 2, "KnapsackRL minimum responses per prompt.", at_least(1)),
+        Hyperparameter("knapsack_max_n", int | None, None, "KnapsackRL maximum responses per prompt. None = 4 × "
+                       "num_generations.", at_least(1)),
+    )
+
     @classmethod
-    def _config_kwargs(cls, args):
-        return {"min_n": args.knapsack_min_n, "max_n": args.knapsack_max_n}
+    def constructor_arguments(cls, args: Any) -> dict[str, Any]:
+        own = cls.settings(args)
+        return {"min_n": own["knapsack_min_n"], "max_n": own["knapsack_max_n"]}
 
     @classmethod
     def check_config(cls, args: Any) -> None:
@@ -356,13 +365,18 @@ class DynamicSamplingFiller(Filler):
         self.max_generation_batches = check_int("max_generation_batches", max_generation_batches, 1)
         self.batch_prompts = batch_prompts
 
+    hyperparameters = (
+        Hyperparameter("max_generation_batches", int, 10, "Dynamic sampling: generation batches allowed per round "
+                       "before the run fails (DAPO's cap).", at_least(1)),
+    )
+
     @classmethod
     def from_config(cls, args: Any, context: RunContext) -> Filler:
-        return cls(group_size=args.num_generations, max_generation_batches=args.max_generation_batches)
+        return cls(group_size=args.num_generations, **cls.settings(args))
 
     @classmethod
     def max_round_responses(cls, args: Any, prompts: int) -> int:
-        return args.max_generation_batches * (args.target_groups or prompts) * args.num_generations
+        return cls.settings(args)["max_generation_batches"] * (args.target_groups or prompts) * args.num_generations
 
     @property
     def oversample(self) -> int:

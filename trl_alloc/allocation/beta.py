@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._checks import check_counts, check_open_unit, check_prior
+from .hyperparameters import Hyperparameter, positive
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -22,6 +23,11 @@ def variance_proxy(a: ArrayLike, b: ArrayLike) -> np.ndarray:
     b = np.asarray(b, dtype=float)
     s = a + b
     return a * b / (s * (s + 1.0))
+
+
+# The Beta prior of every prompt's success rate: CERO's states (eq. 5) and SARA's priors both start from it.
+PRIOR_ALPHA = Hyperparameter("prior_alpha", float, 1.0, "Beta prior a0 of every prompt's success rate.", positive)
+PRIOR_BETA = Hyperparameter("prior_beta", float, 1.0, "Beta prior b0 of every prompt's success rate.", positive)
 
 
 class BetaState:

@@ -17,7 +17,8 @@ import numpy as np
 from ._checks import check_int, check_open_unit
 from .base import Filler, Pacer, RunContext
 from .baselines import _BudgetedPacer
-from .beta import BetaState
+from .beta import PRIOR_ALPHA, PRIOR_BETA, BetaState
+from .hyperparameters import Hyperparameter, at_least, positive, within
 from .registry import register
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ def even_quota(budget: int, rounds: int, k: int) -> int:
     return (k + 1) * budget // rounds - k * budget // rounds
 
 
+UNIT_SIZE = Hyperparameter("unit_size", int, 4, "CERO allocation unit g, in responses.", at_least(1))
+
+
 @register("pacing", "cero")
 class CEROScheduler(_BudgetedPacer):
     """Algorithm 1 of CERO (arXiv 2610.09679), in allocation units.
@@ -64,36 +68,57 @@ class CEROScheduler(_BudgetedPacer):
     budget_in_units = True  # B in units of `unit_size` responses, at most C units per round
     round_limit_field = "round_capacity"
     capacity_headroom = 33 / 32  # default C over the mean per-round spend B/K (132 vs 128 units at paper scale)
+    hyperparameters = (  # Appendix G's defaults
+        UNIT_SIZE,
+        Hyperparameter("max_units", int, 2, "CERO per-prompt per-round cap N_max in units (2 × 4 = one 8-response "
+                       "group).", at_least(1)),
+        Hyperparameter("round_capacity", int | None, None, "CERO round capacity C in units. None = ceil(33/32 × "
+                       "budget / (num_rounds × unit_size)), the paper's 132-vs-128 headroom.", at_least(1)),
+        Hyperparameter("saturation", float, 1.0, "CERO saturation λ of the utility 1 − exp(−4λq̂z/R).", positive),
+        Hyperparameter("forgetting", float, 1.0, "Forgetting ρ in (0, 1] of the per-prompt Beta states.",
+                       within(0, 1, low_open=True)),
+        PRIOR_ALPHA, PRIOR_BETA,
+        Hyperparameter("init_price", float, 0.5, "CERO initial budget price ν1 in [0, 1].", within(0, 1)),
+        Hyperparameter("step_size", float | None, None, "CERO dual step sizes γ_ϑ = γ_ν. None = 1/sqrt(num_rounds).",
+                       positive),
+        Hyperparameter("catch_up", bool, True, "CERO reserve-aware catch-up: spend what later rounds could not "
+                       "absorb, so the budget is used up."),
+    )
 
     @classmethod
     def from_config(cls, args: Any, context: RunContext) -> Pacer:
-        return cls(context.num_prompts, rounds=context.num_rounds, budget=context.budget // args.unit_size,
-                   round_capacity=cls.capacity_for(args, context.num_rounds, context.budget), max_units=args.max_units,
-                   saturation=args.saturation, forgetting=args.forgetting, prior=(args.prior_alpha, args.prior_beta),
-                   init_price=args.init_price, step_size=args.step_size, seed=context.seed, unit_size=args.unit_size,
-                   catch_up=args.catch_up)
+        own = cls.settings(args)
+        return cls(context.num_prompts, rounds=context.num_rounds, budget=context.budget // own["unit_size"],
+                   round_capacity=cls.capacity_for(args, context.num_rounds, context.budget),
+                   max_units=own["max_units"], saturation=own["saturation"], forgetting=own["forgetting"],
+                   prior=(own["prior_alpha"], own["prior_beta"]), init_price=own["init_price"],
+                   step_size=own["step_size"], seed=context.seed, unit_size=own["unit_size"], catch_up=own["catch_up"])
 
     @classmethod
     def capacity_for(cls, args: Any, num_rounds: int, budget: int) -> int:
         """Round capacity C in units: `round_capacity`, else the mean per-round spend plus `capacity_headroom`."""
-        if args.round_capacity is not None:
-            return int(args.round_capacity)
-        return max(args.max_units, math.ceil(cls.capacity_headroom * (budget // args.unit_size) / num_rounds))
+        own = cls.settings(args)
+        if own["round_capacity"] is not None:
+            return int(own["round_capacity"])
+        return max(own["max_units"], math.ceil(cls.capacity_headroom * (budget // own["unit_size"]) / num_rounds))
 
     @classmethod
     def check_config(cls, args: Any) -> None:
         if args.rollout_budget is not None and args.rollout_budget % args.unit_size:
             raise ValueError(f"`rollout_budget` ({args.rollout_budget}) must be a whole number of CERO units; use a "
                              f"multiple of `unit_size` ({args.unit_size}).")
+        if args.round_capacity is not None and args.round_capacity < args.max_units:
+            raise ValueError(f"`round_capacity` ({args.round_capacity} units) is below one group (`max_units` = "
+                             f"{args.max_units}); raise it to at least {args.max_units}.")
 
     @classmethod
     def budget_for(cls, args: Any, num_rounds: int) -> int:
-        budget = super().budget_for(args, num_rounds)
-        return budget - budget % args.unit_size
+        budget, unit = super().budget_for(args, num_rounds), cls.settings(args)["unit_size"]
+        return budget - budget % unit
 
     @classmethod
     def max_round_responses(cls, args: Any, num_rounds: int, filler_cls: type[Filler]) -> int:
-        return cls.capacity_for(args, num_rounds, args.budget_for(num_rounds)) * args.unit_size
+        return cls.capacity_for(args, num_rounds, args.budget_for(num_rounds)) * cls.settings(args)["unit_size"]
 
     def __init__(self, num_prompts: int, rounds: int, budget: int, round_capacity: int, max_units: int = 2,
                  saturation: float = 1.0, forgetting: float = 1.0, prior: Sequence[float] = (1.0, 1.0),
@@ -316,13 +341,20 @@ class RandomMatched(_BudgetedPacer):
 
     paces_budget = True
     replays = "cero"  # the pacing whose `allocation_log` it replays (benchmarks run that one first)
+    hyperparameters = (
+        UNIT_SIZE,
+        Hyperparameter("random_matched_reference", str | None, None, "pacing='random_matched': path to a CERO run's "
+                       "allocation_state.json (or a JSON allocation log) whose per-round allocation sizes are "
+                       "replayed on a random permutation of prompts."),
+    )
 
     @classmethod
     def from_config(cls, args: Any, context: RunContext) -> Pacer:
+        own = cls.settings(args)
         reference = context.reference
         if reference is None:
-            reference = load_reference(args.random_matched_reference)
-        return cls(context.num_prompts, reference=reference, unit_size=args.unit_size, seed=context.seed)
+            reference = load_reference(own["random_matched_reference"])
+        return cls(context.num_prompts, reference=reference, unit_size=own["unit_size"], seed=context.seed)
 
     @classmethod
     def check_config(cls, args: Any) -> None:

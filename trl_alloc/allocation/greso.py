@@ -10,17 +10,18 @@ all-correct share of sampled prompts is at or above its target (α/3) and rises 
 `Infini-AI-Lab/GRESO`). A skipped prompt is passed over for this epoch. Pair it with dynamic sampling (GRESO's
 setting) or full groups.
 
-Hyperparameters come from the config's `pacing_kwargs` (docs/allocation.md#greso).
+Hyperparameters: `GRESOPacer.hyperparameters` (config fields `p_easy`, ..., docs/allocation.md#greso).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._checks import check_int
 from .baselines import UniformPacer
+from .hyperparameters import Hyperparameter, within
 from .registry import register
 
 if TYPE_CHECKING:
@@ -31,11 +32,22 @@ if TYPE_CHECKING:
 class GRESOPacer(UniformPacer):
     """GRESO's pre-rollout filter on the uniform epoch order (module docstring); the budget is uniform pacing's."""
 
-    config_kwargs = ("p_easy", "p_hard", "p_min", "p_max", "delta_p", "target_zero_variance")
+    hyperparameters = (  # GRESO's defaults (arXiv 2506.02177, its code's)
+        Hyperparameter("p_easy", float, 0.5, "GRESO: starting keep probability of a prompt whose last zero-variance "
+                       "visit was all correct (in [p_min, p_max]).", within(0, 1)),
+        Hyperparameter("p_hard", float, 0.5, "GRESO: starting keep probability of a prompt whose last zero-variance "
+                       "visit was all wrong (in [p_min, p_max]).", within(0, 1)),
+        Hyperparameter("p_min", float, 0.05, "GRESO: lower bound of p_easy and p_hard.", within(0, 1)),
+        Hyperparameter("p_max", float, 0.95, "GRESO: upper bound of p_easy and p_hard.", within(0, 1)),
+        Hyperparameter("delta_p", float, 0.01, "GRESO: step Δp of p_easy / p_hard after each round.", within(0, 1)),
+        Hyperparameter("target_zero_variance", float, 0.25, "GRESO: target share α of zero-variance prompts among "
+                       "those sampled (α/3 all correct, 2α/3 all wrong).", within(0, 1)),
+    )
 
     @classmethod
-    def _config_kwargs(cls, args):
-        return dict(getattr(args, "pacing_kwargs", None) or {})
+    def check_config(cls, args: Any) -> None:
+        own = cls.settings(args)  # the rules between them, before a run starts
+        cls(num_prompts=1, prompts_per_round=1, group_size=2, rounds=1, **own)
 
     def __init__(self, num_prompts: int, prompts_per_round: int, group_size: int, budget_responses: int | None = None,
                  rounds: int | None = None, seed: int = 0, p_easy: float = 0.5, p_hard: float = 0.5,

@@ -61,6 +61,27 @@ def method_class(stage: str, name: str) -> type | None:
     return _METHODS[stage][name]
 
 
+def registered_hyperparameters() -> dict[str, list]:
+    """{method label: the hyperparameters it declares first}, over every registered class in registration order
+    (the config's fields and docstring are built from them). A name declared by two classes must be one
+    declaration (a shared `Hyperparameter`, e.g. `beta.PRIOR_ALPHA`)."""
+    _load()
+    seen, groups = {}, {}
+    for stage in STAGES:
+        for name, cls in _METHODS[stage].items():
+            if "." in name:  # a method named by its import path takes its own from `<stage>_kwargs`
+                continue
+            for h in getattr(cls, "hyperparameters", ()):
+                if h.name in seen:
+                    if seen[h.name] != h:
+                        raise ValueError(f"hyperparameter {h.name!r} is declared twice, differently ({seen[h.name]} "
+                                         f"and {h}); share one declaration.")
+                    continue
+                seen[h.name] = h
+                groups.setdefault(f"{stage}={name!r}", []).append(h)
+    return groups
+
+
 def _import_method(stage, path):
     """Register the class at import path `path` (`package.module.Class`) as the `stage` method named `path`."""
     from .base import Filler, Pacer
@@ -93,4 +114,4 @@ def _load():
         importlib.import_module(f"{__package__}.{info.name}")
 
 
-__all__ = ["STAGES", "register", "method_names", "method_class"]
+__all__ = ["STAGES", "register", "method_names", "method_class", "registered_hyperparameters"]

@@ -11,8 +11,9 @@ from scipy.special import betaln
 
 from ._checks import check_int, check_open_unit, check_prior
 from .base import Filler, Pacer, RunContext
-from .beta import BetaState
+from .beta import PRIOR_ALPHA, PRIOR_BETA, BetaState
 from .event_rounds import EventRound
+from .hyperparameters import Hyperparameter, at_least, within
 from .registry import register
 
 if TYPE_CHECKING:
@@ -45,6 +46,12 @@ def effective_probability(n: ArrayLike, s: ArrayLike, k: ArrayLike, prior: tuple
 COMMIT, ABANDON, CONTINUE = 1, -1, 0
 
 
+def _tau_rule(value: float | str) -> str | None:
+    """τ_low: a number in (0, 1), or 'auto'."""
+    ok = value == "auto" or (not isinstance(value, str) and 0 < value < 1)
+    return None if ok else "be a number in (0, 1) or 'auto'"
+
+
 def decide(n: ArrayLike, s: ArrayLike, k: int, tau_low: float | np.ndarray = 0.45, commit_min: int | None = None,
            prior: tuple[ArrayLike, ArrayLike] = (1.0, 1.0),
            failures: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -71,28 +78,56 @@ class SARAFiller(Filler):
     toward the prior by that factor (the paper's optional history warm-start).
     """
 
-    config_kwargs = ("replace_probes",)
+    hyperparameters = (
+        Hyperparameter("probe", int, 2, "SARA probe size n0 (first rollouts per prompt).", at_least(1)),
+        Hyperparameter("tau_low", float | str | None, 0.45, "SARA abandonment threshold: abandon a prompt when "
+                       "P(group ends mixed) < tau_low; a number in (0, 1) or 'auto' (the break-even threshold from "
+                       "the measured yield, docs/allocation.md).", _tau_rule, none_ok=False),
+        Hyperparameter("commit_min", int | None, None, "SARA commits a mixed group once it has this many responses. "
+                       "None = num_generations (k).", at_least(2)),
+        Hyperparameter("sara_safety_factor", int, 6, "SARA safety budget per round, in units of target_groups × k "
+                       "(pacing='uniform' only).", at_least(1)),
+        Hyperparameter("history_decay", float | None, 0.5, "SARA prior = the prompt's Beta state shrunk toward the "
+                       "prior by this factor in [0, 1] (a0 + decay·(a − a0)). None = flat prior Beta(prior_alpha, "
+                       "prior_beta).", within(0, 1)),
+        Hyperparameter("sara_overcommit", float, 1.5, "SARA in events and stream mode: admit prompts into the free "
+                       "window while committed + expected groups (sum of p_eff) < this × target_groups. Higher fills "
+                       "the engine sooner and aborts (events) or carries (stream) more; 3 suits a stream whose round "
+                       "budget exceeds the window (docs/choosing-settings.md).", at_least(1)),
+        Hyperparameter("replace_probes", bool, True, "SARA in events and stream mode: True = an undecided prompt's "
+                       "ended rollout is replaced at once; False = its next rollout starts only once none of its "
+                       "rollouts runs (Algorithm 1's pace; docs/allocation.md)."),
+        PRIOR_ALPHA, PRIOR_BETA,
+    )
 
     @classmethod
     def from_config(cls, args: Any, context: RunContext) -> Filler:
         # SARA keeps its own history only when the pacer has no Beta states to lend it (`round_arguments`).
         lent = context.pacer is not None and context.pacer.posterior is not None
-        own_history = args.history_decay and not lent
-        return cls(group_size=args.num_generations, probe=args.probe, tau_low=args.tau_low,
-                   commit_min=args.commit_min, prior=(args.prior_alpha, args.prior_beta),
-                   safety_factor=args.sara_safety_factor,
-                   warm_start_decay=args.history_decay if own_history else None,
-                   num_prompts=context.num_prompts if own_history else None, overcommit=args.sara_overcommit,
-                   posterior_decay=args.history_decay if lent else None,
-                   **dict(getattr(args, "filling_kwargs", None) or {}))
+        own = cls.settings(args)
+        own_history = own["history_decay"] and not lent
+        return cls(group_size=args.num_generations, probe=own["probe"], tau_low=own["tau_low"],
+                   commit_min=own["commit_min"], prior=(own["prior_alpha"], own["prior_beta"]),
+                   safety_factor=own["sara_safety_factor"],
+                   warm_start_decay=own["history_decay"] if own_history else None,
+                   num_prompts=context.num_prompts if own_history else None, overcommit=own["sara_overcommit"],
+                   posterior_decay=own["history_decay"] if lent else None, replace_probes=own["replace_probes"])
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        k = args.num_generations
+        for name in ("probe", "commit_min"):
+            if getattr(args, name) is not None and getattr(args, name) > k:
+                raise ValueError(f"`{name}` ({getattr(args, name)}) must not exceed `num_generations` (k = {k}); "
+                                 f"lower `{name}` or raise `num_generations`.")
 
     @classmethod
     def smallest_group(cls, args: Any) -> int:
-        return args.commit_min or args.num_generations
+        return cls.settings(args)["commit_min"] or args.num_generations
 
     @classmethod
     def max_round_responses(cls, args: Any, prompts: int) -> int:
-        return args.sara_safety_factor * (args.target_groups or prompts) * args.num_generations
+        return cls.settings(args)["sara_safety_factor"] * (args.target_groups or prompts) * args.num_generations
 
     @property
     def group_size(self) -> int:

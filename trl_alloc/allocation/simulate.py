@@ -68,8 +68,8 @@ def predicted_success_bins(predicted: np.ndarray, admitted: np.ndarray, bins: in
 
 
 def plan_settings(method: str, args: Any) -> SimpleNamespace:
-    """The config fields a method reads (`from_config`), at plan.py's settings `args`, for `method` written
-    'pacing+filling' ('cero' alone: full groups). The rest are the config's defaults; a plain pacer admits
+    """The config fields plan.py's settings `args` give, for `method` written 'pacing+filling' ('cero' alone: full
+    groups); every other hyperparameter is its declared default (`ConfiguredMethod.settings`). A plain pacer admits
     budget / (K·k) prompts per round, so every method spends the same budget over K rounds."""
     pacing, _, filling = method.partition("+")
     k = args.units_per_group * args.unit_size
@@ -77,11 +77,8 @@ def plan_settings(method: str, args: Any) -> SimpleNamespace:
         pacing=pacing, filling=filling or "full", num_generations=k, unit_size=args.unit_size,
         max_units=args.units_per_group, round_capacity=args.capacity, rollout_budget=args.budget,
         generation_batch_size=args.budget // args.rounds, nominal_prompts_per_round=args.budget // (k * args.rounds),
-        target_groups=None, history_decay=args.history_decay, tau_low=args.tau_low, probe=2, commit_min=None,
-        prior_alpha=1.0, prior_beta=1.0, sara_safety_factor=6, sara_overcommit=getattr(args, "sara_overcommit", 1.5),
-        max_generation_batches=10,  # (AllocGRPOConfig's default)
-        knapsack_min_n=2, knapsack_max_n=4 * k, saturation=1.0, forgetting=1.0, init_price=0.5, step_size=None,
-        catch_up=True, random_matched_reference=None, pacing_kwargs=getattr(args, "pacing_kwargs", None),
+        target_groups=None, history_decay=args.history_decay, tau_low=args.tau_low,
+        sara_overcommit=getattr(args, "sara_overcommit", 1.5), pacing_kwargs=getattr(args, "pacing_kwargs", None),
         filling_kwargs=getattr(args, "filling_kwargs", None))
 
 
@@ -109,29 +106,24 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     k = args.units_per_group * args.unit_size
     rec = {"spend": [], "groups": [], "effective": [], "expected_effective": [], "alloc_ms": []}
     lifts = []
+    clock = [0.0]
+
+    def timed(method, *call_args):  # the allocator's own time, without the pool's sampling
+        t0 = time.perf_counter()
+        out = method(*call_args)
+        clock[0] += time.perf_counter() - t0
+        return out
+
+    def generate(ids, counts):
+        return [{"pid": pid, "success": float(x)} for pid, got in zip(ids, pool.sample(ids, counts)) for x in got]
+
     # (a filler that spends less than planned may run past `rounds` until the budget is spent, up to 4x; a
     # remainder smaller than one group ends the run)
     while not pacer.finished and pacer.remaining_responses >= k and pool.t < 4 * args.rounds:
         predicted = None if pacer.posterior is None else pacer.posterior.mean.copy()
-        t0 = time.perf_counter()
-        allocator.start_round()  # the trainer's deterministic round (trainer/grpo.py)
-        ms = time.perf_counter() - t0
-        p = pool.success_rate()
-        while True:
-            t0 = time.perf_counter()
-            request = allocator.next_request()
-            ms += time.perf_counter() - t0
-            if request is None:
-                break
-            rewards = pool.sample(*request)
-            rows = [{"pid": pid, "success": float(x)} for pid, got in zip(request[0], rewards) for x in got]
-            t0 = time.perf_counter()
-            allocator.observe(rows, request)
-            ms += time.perf_counter() - t0
-        rnd = allocator.current_round
-        t0 = time.perf_counter()
-        allocator.finish_round()
-        ms += time.perf_counter() - t0
+        p, clock[0] = pool.success_rate(), 0.0
+        allocator.run_round(generate, timed)  # the trainer's deterministic round (trainer/grpo.py)
+        rnd, ms = allocator.closed_round, clock[0]
         spent = rnd.outcomes(pacer.num_prompts)[2]
         admitted = np.asarray(rnd.groups, np.int64)
         if predicted is not None and pool.t >= args.rounds // 10:      # after the first visits

@@ -1,8 +1,9 @@
 """TRL-style configs: `AllocGRPOConfig(GRPOConfig)` and `AllocDAPOConfig`, parsed by `TrlParser`.
 
 One optimizer step is one scheduler round. The stage fields (`pacing`, `filling`, `pruning`) pick
-the sampling pipeline; the rest are the stages' hyperparameters (CERO arXiv 2610.09679, SARA "Early
-Verdicts, Better Budgets", ARROL arXiv 2603.24840, and the baselines of docs/allocation.md).
+the sampling pipeline. Each method declares its own hyperparameters on its class (CERO arXiv 2610.09679,
+SARA "Early Verdicts, Better Budgets", ARROL arXiv 2603.24840, the baselines of docs/allocation.md), and
+the fields, `--help` and docstring below are generated from those declarations (`_MethodFields`).
 """
 
 import dataclasses
@@ -17,7 +18,7 @@ import torch
 from trl import GRPOConfig
 
 from ..allocation.base import Filler, Pacer
-from ..allocation.registry import method_class, method_names
+from ..allocation.registry import STAGES, method_class, method_names, registered_hyperparameters
 from .rollout_mode import choose_rollout_mode
 
 # the stage names, as the registry holds them (allocation.registry)
@@ -25,15 +26,8 @@ PACINGS, FILLINGS, PRUNINGS = method_names("pacing"), method_names("filling"), m
 
 
 @dataclass
-class AllocGRPOConfig(GRPOConfig):
-    r"""GRPOConfig plus the rollout-allocation pipeline.
-
-    The training dataset is the prompt pool. Each round the pacer admits prompts, the filler turns
-    them into generation requests, and only the round's committed groups reach the loss, over
-    `steps_per_round` optimizer steps (`steps_per_generation` micro-batches, each seen
-    `num_iterations` times). The responses per round vary, so `per_device_train_batch_size` only
-    sets TRL's nominal batch, `generation_batch_size`, from which the defaults below derive).
-    """
+class _RunFields(GRPOConfig):
+    """The run's own fields; each method's hyperparameters come from its class (`_MethodFields`)."""
 
     # Stages
     pacing: str = field(default="cero", metadata={
@@ -77,53 +71,16 @@ class AllocGRPOConfig(GRPOConfig):
     allocation_seed: int | None = field(default=None, metadata={
         "help": "Seed of the allocator's own randomness (tie-breaking permutations, epoch orders). None = `seed`."})
 
-    # CERO (arXiv 2610.09679, Appendix G)
-    unit_size: int = field(default=4, metadata={"help": "CERO allocation unit g, in responses."})
-    max_units: int = field(default=2, metadata={
-        "help": "CERO per-prompt per-round cap N_max in units (2 × 4 = one 8-response group)."})
-    round_capacity: int | None = field(default=None, metadata={
-        "help": "CERO round capacity C in units. None = ceil(33/32 × budget / (num_rounds × unit_size)), the paper's "
-        "132-vs-128 headroom."})
-    saturation: float = field(default=1.0, metadata={"help": "CERO saturation λ of the utility 1 − exp(−4λq̂z/R)."})
-    forgetting: float = field(default=1.0, metadata={"help": "Forgetting ρ in (0, 1] of the per-prompt Beta states."})
-    prior_alpha: float = field(default=1.0, metadata={"help": "Beta prior a0 of every prompt's success rate."})
-    prior_beta: float = field(default=1.0, metadata={"help": "Beta prior b0 of every prompt's success rate."})
-    init_price: float = field(default=0.5, metadata={"help": "CERO initial budget price ν1 in [0, 1]."})
-    step_size: float | None = field(default=None, metadata={
-        "help": "CERO dual step sizes γ_ϑ = γ_ν. None = 1/sqrt(num_rounds)."})
-    catch_up: bool = field(default=True, metadata={
-        "help": "CERO reserve-aware catch-up: spend what later rounds could not absorb, so the budget is used up."})
-    random_matched_reference: str | None = field(default=None, metadata={
-        "help": "pacing='random_matched': path to a CERO run's allocation_state.json (or a JSON allocation log) whose "
-        "per-round allocation sizes are replayed on a random permutation of prompts."})
-    knapsack_min_n: int = field(default=2, metadata={"help": "KnapsackRL minimum responses per prompt."})
-    knapsack_max_n: int | None = field(default=None, metadata={
-        "help": "KnapsackRL maximum responses per prompt. None = 4 × num_generations."})
     probe_counts: str | None = field(default=None, metadata={
         "help": "CERO: start each prompt's Beta state from a probe pass's successes and failures (arXiv 2610.09679 "
         "eq. 5 applied once with them), a JSON file `scripts/arrol_study.py` writes (`probe_counts.json`, prompts "
         "matched by text). The probe's responses are not counted in `rollout_budget`."})
 
-    # SARA ("Early Verdicts, Better Budgets") and DAPO's dynamic sampling (docs/allocation.md#baselines)
     target_groups: int | None = field(default=None, metadata={
         "help": "Groups a SARA / dynamic-sampling round tries to commit (B). None = the number of prompts the pacer "
         "admitted this round."})
-    probe: int = field(default=2, metadata={"help": "SARA probe size n0 (first rollouts per prompt)."})
-    tau_low: float | str | None = field(default=0.45, metadata={
-        "help": "SARA abandonment threshold: abandon a prompt when P(group ends mixed) < tau_low; a number in (0, 1) "
-        "or 'auto' (the break-even threshold from the measured yield, docs/allocation.md)."})
-    commit_min: int | None = field(default=None, metadata={
-        "help": "SARA commits a mixed group once it has this many responses. None = num_generations (k)."})
-    sara_safety_factor: int = field(default=6, metadata={
-        "help": "SARA safety budget per round, in units of target_groups × k (pacing='uniform' only)."})
-    history_decay: float | None = field(default=0.5, metadata={
-        "help": "SARA prior = the prompt's Beta state shrunk toward the prior by this factor in [0, 1] "
-        "(a0 + decay·(a − a0)). None = flat prior Beta(prior_alpha, prior_beta)."})
-    max_generation_batches: int = field(default=10, metadata={
-        "help": "Dynamic sampling: generation batches allowed per round before the run fails (DAPO's cap)."})
 
     # Rollouts (docs/architecture.md: the event-driven round)
-    rollout_mode_reason = None  # why rollout_mode="auto" chose what it did (set by __post_init__)
     rollout_mode: str = field(default="auto", metadata={
         "help": "'auto': the mode measured faster for this run (trainer/rollout_mode.py: deterministic without a GPU "
         "vLLM engine, stream on a vLLM server or colocate GPU with an adaptive filler, events with sleep mode). "
@@ -142,55 +99,29 @@ class AllocGRPOConfig(GRPOConfig):
         "help": "vLLM colocate: run the engine eagerly (no torch.compile, no CUDA graphs). None: eager on CPU, as "
         "trl-alloc-serve's CPU server (compiling costs ~30 s at each engine start on a 2-core CPU), vLLM's default "
         "(compiled, CUDA graphs) on a GPU, as TRL."})
-    sara_overcommit: float = field(default=1.5, metadata={
-        "help": "SARA in events and stream mode: admit prompts into the free window while committed + expected "
-        "groups (sum of p_eff) < this × target_groups. Higher fills the engine sooner and aborts (events) or carries "
-        "(stream) more; 3 suits a stream whose round budget exceeds the window (docs/choosing-settings.md)."})
 
-    # ARROL (arXiv 2603.24840; docs/arrol.md)
-    detect_length: int = field(default=512, metadata={
-        "help": "ARROL detection length L_detect in tokens: every rollout generates up to this many tokens, then the "
-        "unfinished ones are scored once and pruned or continued. Must be below max_completion_length."})
-    prune_undecided: bool = field(default=True, metadata={
-        "help": "Events mode: True (docs/arrol.md) = ARROL may prune any eligible rollout; False = only rollouts of "
-        "prompts "
-        "already known to be mixed (a success and a failure observed), so SARA's probes, whose outcomes decide "
-        "a prompt, are never cut (with full groups that leaves almost nothing to prune)."})
-    keep_ratio: float = field(default=0.5, metadata={
-        "help": "ARROL keep ratio κ: expected fraction of the rollouts reaching detect_length that survive."})
-    target_ratio: float = field(default=0.5, metadata={
-        "help": "ARROL target positive ratio ρ that pruning steers each group's survivors toward."})
-    survival_slope: float = field(default=0.5, metadata={
-        "help": "ARROL slope λ of the survival probability p = clip(κ + δ + λ(ρ − q), p_min, p_max)."})
-    survival_min: float = field(default=0.1, metadata={"help": "ARROL lower clip p_min of survival probabilities."})
-    survival_max: float = field(default=0.9, metadata={"help": "ARROL upper clip p_max of survival probabilities."})
-    cold_start_rounds: int = field(default=20, metadata={
-        "help": "ARROL rounds without pruning at the start (the head and calibrator learn from every rollout)."})
-    cold_start_steps: int | None = field(default=None, metadata={
-        "help": "Deprecated name of `cold_start_rounds` (it counts rounds, not optimizer steps)."})
-    head_hidden_size: int = field(default=256, metadata={
-        "help": "Width of the quality head's hidden layer (2-layer MLP on the policy's last hidden state)."})
-    head_learning_rate: float = field(default=1e-3, metadata={
-        "help": "Learning rate of the quality head's own Adam optimizer (one step per round)."})
-    calibration_bins: int = field(default=10, metadata={
-        "help": "Bins B of the quality head's score calibrator (sigmoid(logit) binned on [0, 1])."})
-    calibration_buffer: int = field(default=2048, metadata={
-        "help": "Sliding buffer of completed rollouts (bin, label) behind the calibrator's per-bin counts."})
-    calibration_alpha: float = field(default=1.0, metadata={
-        "help": "Laplace smoothing α of the calibrator's per-bin counts."})
-    pruning_min_auc: float = field(default=0.7, metadata={
-        "help": "ARROL's gate (docs/arrol.md, 'The gate'): prune only while the quality head ranks a group's "
-        "held-out rollouts with AUC at least this (within groups, significantly above 0.5: one-sided p <= 0.001); "
-        "otherwise rollouts run to the end. 0 turns the gate off. Not in the paper: at small scale the head can rank "
-        "no better than a coin."})
-    pruning_heldout_fraction: float = field(default=0.2, metadata={
-        "help": "Share of the groups whose eligible rollouts the gate holds out, whole: never pruned, never trained "
-        "on, scored by the head before it sees them."})
-    pruning_gate_window: int = field(default=512, metadata={
-        "help": "The gate's AUC is measured over this many of the latest held-out rollouts."})
-    quality_head_init: str | None = field(default=None, metadata={
-        "help": "Start the quality head from this QualityHead folder (e.g. `scripts/arrol_study.py --save_head` on a "
-        "probe pass of the base model) instead of a random head; its hidden size must be the policy's."})
+
+# Every registered method's hyperparameters as fields (`allocation.registry.registered_hyperparameters`): the
+# built-in methods declare theirs on their classes as a method from outside the package does (which takes its own from
+# `pacing_kwargs` / `filling_kwargs`), and `TrlParser` makes each a `--name` flag.
+_MethodFields = dataclasses.make_dataclass("_MethodFields", [
+    (h.name, h.type, field(default=h.default, metadata={"help": h.help}))
+    for group in registered_hyperparameters().values() for h in group], bases=(_RunFields,))
+_MethodFields.__module__ = __name__
+
+
+@dataclass
+class AllocGRPOConfig(_MethodFields):
+    r"""GRPOConfig plus the rollout-allocation pipeline.
+
+    The training dataset is the prompt pool. Each round the pacer admits prompts, the filler turns
+    them into generation requests, and only the round's committed groups reach the loss, over
+    `steps_per_round` optimizer steps (`steps_per_generation` micro-batches, each seen
+    `num_iterations` times). The responses per round vary, so `per_device_train_batch_size` only
+    sets TRL's nominal batch, `generation_batch_size`, from which the defaults below derive).
+    """
+
+    rollout_mode_reason = None  # why rollout_mode="auto" chose what it did (set by __post_init__)
 
     def __post_init__(self):
         for name in ("save_strategy", "eval_strategy", "logging_strategy"):  # YAML reads a bare `no` as false
@@ -200,17 +131,11 @@ class AllocGRPOConfig(GRPOConfig):
             raise ValueError(f"`max_completion_length` must be >= 1, got {self.max_completion_length}: a response "
                              "needs at least one token.")
         super().__post_init__()
-        for stage in ("pacing", "filling", "pruning"):
-            method_class(stage, getattr(self, stage))  # an unknown name lists the registered ones
-        for stage in ("pacing", "filling"):
-            kwargs = _as_kwargs(f"{stage}_kwargs", getattr(self, f"{stage}_kwargs"))
-            accepted = method_class(stage, getattr(self, stage)).config_kwargs
-            if set(kwargs) - set(accepted):
-                raise ValueError(f"`{stage}_kwargs` has {sorted(set(kwargs) - set(accepted))}, which "
-                                 f"{stage}={getattr(self, stage)!r} does not take; it takes "
-                                 f"{', '.join(accepted) if accepted else 'none'}.")
-            setattr(self, f"{stage}_kwargs", kwargs)
-        self._check_pruning()
+        if self.cold_start_steps is not None:
+            warnings.warn("`cold_start_steps` is renamed `cold_start_rounds` (it counts rounds); using "
+                          f"cold_start_rounds={self.cold_start_steps}.", FutureWarning, stacklevel=3)
+            self.cold_start_rounds, self.cold_start_steps = self.cold_start_steps, None
+        self._take_method_settings()
         self._check_types()
         if self.probe_counts is not None:
             if not method_class("pacing", self.pacing).seeds_from_probe:
@@ -227,10 +152,6 @@ class AllocGRPOConfig(GRPOConfig):
         k = self.num_generations
         if self.commit_min is None:
             self.commit_min = k
-        for name, lo in (("unit_size", 1), ("max_units", 1), ("probe", 1), ("commit_min", 2),
-                         ("sara_safety_factor", 1), ("max_generation_batches", 1), ("knapsack_min_n", 1)):
-            if int(getattr(self, name)) < lo:
-                raise ValueError(f"`{name}` must be >= {lo}, got {getattr(self, name)}.")
         _check_choice("rollout_mode", self.rollout_mode, ("auto", "deterministic", "events", "stream"))
         if self.rollout_mode == "auto":  # the choice and its reason go to the log and the model card
             cuda = torch.cuda.is_available() and not self.use_cpu
@@ -250,38 +171,12 @@ class AllocGRPOConfig(GRPOConfig):
         if self.rollout_max_inflight is not None and self.rollout_max_inflight < k:
             raise ValueError(f"`rollout_max_inflight` ({self.rollout_max_inflight}) must hold at least one group "
                              f"(num_generations = {k}).")
-        if not self.sara_overcommit >= 1:
-            raise ValueError(f"`sara_overcommit` must be >= 1, got {self.sara_overcommit}.")
-        if self.probe > k:
-            raise ValueError(f"`probe` ({self.probe}) must not exceed `num_generations` (k = {k}); lower `probe`.")
-        if self.commit_min > k:
-            raise ValueError(f"`commit_min` ({self.commit_min}) must not exceed `num_generations` (k = {k}); lower "
-                             "`commit_min` or raise `num_generations`.")
-        if self.tau_low != "auto" and not 0 < self.tau_low < 1:
-            raise ValueError(f"`tau_low` must lie in (0, 1) or be 'auto', got {self.tau_low}.")
-        if not 0 < self.forgetting <= 1:
-            raise ValueError(f"`forgetting` must lie in (0, 1], got {self.forgetting}.")
-        if not (self.prior_alpha > 0 and self.prior_beta > 0):
-            raise ValueError(f"`prior_alpha` and `prior_beta` must be positive, got ({self.prior_alpha}, "
-                             f"{self.prior_beta}).")
-        if not 0 <= self.init_price <= 1:
-            raise ValueError(f"`init_price` must lie in [0, 1], got {self.init_price}.")
-        if self.saturation <= 0:
-            raise ValueError(f"`saturation` must be positive, got {self.saturation}.")
-        if self.step_size is not None and self.step_size <= 0:
-            raise ValueError(f"`step_size` must be positive (or None for 1/sqrt(num_rounds)), got {self.step_size}.")
-        if self.history_decay is not None and not 0 <= self.history_decay <= 1:
-            raise ValueError(f"`history_decay` must lie in [0, 1] (or None for a flat prior), "
-                             f"got {self.history_decay}.")
-        for name in ("num_rounds", "rollout_budget", "prompts_per_round", "round_capacity", "target_groups"):
+        for name in ("num_rounds", "rollout_budget", "prompts_per_round", "target_groups"):
             value = getattr(self, name)
             if value is not None and int(value) < 1:
                 raise ValueError(f"`{name}` must be a positive integer (or None), got {value}.")
-        self.pacer_class.check_config(self)
-        self.filler_class.check_config(self)
-        if self.round_capacity is not None and self.round_capacity < self.max_units:
-            raise ValueError(f"`round_capacity` ({self.round_capacity} units) is below one group (`max_units` = "
-                             f"{self.max_units}); raise it to at least {self.max_units}.")
+        for cls in self.method_classes:
+            cls.check_config(self)
         if self.num_rounds is not None and self.max_steps > self.num_rounds * self.steps_per_round:
             raise ValueError(f"`max_steps` ({self.max_steps}) is more optimizer steps than `num_rounds` "
                              f"({self.num_rounds}) rounds of {self.steps_per_round} step(s) take; raise `num_rounds` "
@@ -301,72 +196,58 @@ class AllocGRPOConfig(GRPOConfig):
                              "rollout_mode='events' with sleep mode, or vllm_enable_sleep_mode=False.")
 
     def _check_types(self):
-        """Clear errors for values of the wrong type given through the Python API."""
-        for name in ("num_rounds", "rollout_budget", "prompts_per_round", "round_capacity", "target_groups",
-                     "unit_size", "max_units", "probe", "commit_min", "detect_length", "no_signal_warning_rounds"):
+        """Clear errors for values of the wrong type given through the Python API (the methods' own: their
+        `Hyperparameter.check`)."""
+        for name in ("num_rounds", "rollout_budget", "prompts_per_round", "target_groups", "no_signal_warning_rounds"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
                 raise TypeError(f"`{name}` must be an integer, got {value!r} ({type(value).__name__}).")
-        if isinstance(self.tau_low, str) and self.tau_low != "auto":
-            try:
-                self.tau_low = float(self.tau_low)  # from the command line or YAML
-            except ValueError:
-                raise ValueError(f"`tau_low` must be a number in (0, 1) or 'auto', got {self.tau_low!r}.") from None
-        if self.tau_low is None or isinstance(self.tau_low, bool) or not isinstance(self.tau_low, (numbers.Real, str)):
-            raise TypeError(f"`tau_low` must be a number in (0, 1) or 'auto', got {self.tau_low!r}.")
-        for name in ("success_threshold", "tau_low", "keep_ratio", "learning_rate"):
+        for name in ("success_threshold", "learning_rate"):
             value = getattr(self, name)
-            if not isinstance(value, numbers.Real) and value != "auto":
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"`{name}` must be a number, got {value!r} ({type(value).__name__}).")
+
+    def _take_method_settings(self):
+        """Each chosen method's hyperparameters (`hyperparameters` on its class), checked by their declarations. A
+        `<stage>_kwargs` key names one of the method's own: it sets the config field of that name where one exists
+        (a registered method's), else it stays in `<stage>_kwargs`, with the defaults of those not given."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        for stage in STAGES:
+            cls = method_class(stage, getattr(self, stage))  # an unknown name lists the registered ones
+            declared = {h.name: h for h in getattr(cls, "hyperparameters", ())}
+            if stage == "pruning":
+                kwargs = {}
+            else:
+                kwargs = _as_kwargs(f"{stage}_kwargs", getattr(self, f"{stage}_kwargs"))
+                unknown = sorted(set(kwargs) - set(declared))
+                if unknown:
+                    raise ValueError(f"`{stage}_kwargs` has {unknown}, which {stage}={getattr(self, stage)!r} does "
+                                     f"not take; it takes {', '.join(declared) if declared else 'none'}.")
+            for name, h in declared.items():
+                if name in fields:
+                    setattr(self, name, h.check(kwargs.pop(name) if name in kwargs else getattr(self, name)))
+                else:
+                    kwargs[name] = h.check(kwargs.get(name, h.default))
+            if stage != "pruning":
+                setattr(self, f"{stage}_kwargs", kwargs)
+        chosen = {h.name for cls in self.method_classes for h in cls.hyperparameters}
+        unread = [f"{h.name}={getattr(self, h.name)!r} ({label})"
+                  for label, group in registered_hyperparameters().items()
+                  for h in group if h.name not in chosen and getattr(self, h.name) != h.default]
+        if unread:
+            warnings.warn(f"{', '.join(unread)} set, but the chosen methods (pacing={self.pacing!r}, filling="
+                          f"{self.filling!r}, pruning={self.pruning!r}) do not read them: they have no effect.",
+                          UserWarning, stacklevel=4)
+
+    @property
+    def method_classes(self) -> list[type]:
+        """The classes `pacing`, `filling` and `pruning` name (pruning='none': none)."""
+        return [c for c in (method_class(stage, getattr(self, stage)) for stage in STAGES) if c is not None]
 
     @property
     def steps_per_round(self) -> int:
         """Optimizer steps per round: steps_per_generation / gradient_accumulation_steps × num_iterations."""
         return self.steps_per_generation // self.gradient_accumulation_steps * self.num_iterations
-
-    def _check_pruning(self):
-        if self.cold_start_steps is not None:
-            warnings.warn("`cold_start_steps` is renamed `cold_start_rounds` (it counts rounds); using "
-                          f"cold_start_rounds={self.cold_start_steps}.", FutureWarning, stacklevel=3)
-            self.cold_start_rounds, self.cold_start_steps = self.cold_start_steps, None
-        for name, lo in (("detect_length", 1), ("head_hidden_size", 1), ("calibration_bins", 1),
-                         ("calibration_buffer", 1), ("cold_start_rounds", 0), ("pruning_gate_window", 1)):
-            if int(getattr(self, name)) < lo:
-                raise ValueError(f"`{name}` must be >= {lo}, got {getattr(self, name)}.")
-        for name in ("target_ratio", "survival_min", "survival_max", "pruning_min_auc"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"`{name}` must lie in [0, 1], got {getattr(self, name)}.")
-        if not 0 < self.keep_ratio <= 1:
-            raise ValueError(f"`keep_ratio` must lie in (0, 1] (1 keeps every rollout), got {self.keep_ratio}.")
-        if self.pruning_min_auc > 0 and not 0 < self.pruning_heldout_fraction < 1:
-            raise ValueError(f"`pruning_heldout_fraction` must lie in (0, 1) while the gate is on (pruning_min_auc="
-                             f"{self.pruning_min_auc}), got {self.pruning_heldout_fraction}: the gate measures the "
-                             "head on rollouts it never trained on. Set pruning_min_auc=0 to turn the gate off.")
-        if self.quality_head_init is not None and not os.path.isfile(
-                os.path.join(self.quality_head_init, "model.safetensors")):
-            raise ValueError(f"quality_head_init={self.quality_head_init!r} is not a QualityHead folder (no "
-                             "model.safetensors): give the folder `scripts/arrol_study.py --save_head` or a run's "
-                             "`quality_head/` wrote.")
-        if self.survival_min > self.survival_max:
-            raise ValueError(f"`survival_min` ({self.survival_min}) must not exceed `survival_max` "
-                             f"({self.survival_max}).")
-        if self.keep_ratio < 1 and not self.survival_min <= self.keep_ratio <= self.survival_max:
-            raise ValueError(f"`keep_ratio` ({self.keep_ratio}) must lie in [survival_min, survival_max] = "
-                             f"[{self.survival_min}, {self.survival_max}]: the mean survival probability is κ and "
-                             "each one is clipped to that range; widen the range or change `keep_ratio`.")
-        if self.survival_slope < 0:
-            raise ValueError(f"`survival_slope` must be >= 0 (0 disables the tilt toward ρ), got "
-                             f"{self.survival_slope}.")
-        if self.head_learning_rate <= 0 or self.calibration_alpha <= 0:
-            raise ValueError(f"`head_learning_rate` ({self.head_learning_rate}) and `calibration_alpha` "
-                             f"({self.calibration_alpha}) must be positive.")
-        if self.pruning != "none" and self.detect_length >= (self.max_completion_length or 0):
-            raise ValueError(f"pruning={self.pruning!r} needs `detect_length` ({self.detect_length}) below "
-                             f"`max_completion_length` ({self.max_completion_length}): a rollout is scored when it "
-                             "reaches detect_length and survivors continue up to max_completion_length. Lower "
-                             "`detect_length` (ARROL arXiv 2603.24840: 512 for long reasoning; a few tokens for tiny "
-                             "models) or set "
-                             "pruning='none'.")
 
     # -- derived quantities (the trainer calls these once it knows the dataset) ------------------
     @property
@@ -413,25 +294,16 @@ class AllocGRPOConfig(GRPOConfig):
 
 # The `Parameters:` block of the configs' docstrings, grouped as GRPOConfig's is, rendered from the fields' `help`
 # (one text per field: `--help`, the docstring and the docs read the same words).
-PARAMETER_GROUPS = {
+PARAMETER_GROUPS = {  # the run's own fields; then one group per method, from its class's declarations
     "Stages of the sampling pipeline (allocation.registry)": (
         "pacing", "filling", "pruning", "pacing_kwargs", "filling_kwargs"),
     "Budget and rounds": ("rollout_budget", "num_rounds", "prompts_per_round", "success_reward_funcs",
-                          "success_threshold", "no_signal_warning_rounds", "allocation_seed"),
-    "CERO (arXiv 2610.09679) and the pacing baselines": (
-        "unit_size", "max_units", "round_capacity", "saturation", "forgetting", "prior_alpha", "prior_beta",
-        "init_price", "step_size", "catch_up", "random_matched_reference", "knapsack_min_n", "knapsack_max_n",
-        "probe_counts"),
-    "SARA (\"Early Verdicts, Better Budgets\") and DAPO's dynamic sampling": (
-        "target_groups", "probe", "tau_low", "commit_min", "sara_safety_factor", "history_decay",
-        "max_generation_batches"),
+                          "success_threshold", "no_signal_warning_rounds", "allocation_seed", "probe_counts",
+                          "target_groups"),
     "Rollouts: deterministic, event-driven or one stream across rounds": (
-        "rollout_mode", "max_staleness", "rollout_max_inflight", "vllm_enforce_eager", "sara_overcommit"),
-    "ARROL (arXiv 2603.24840)": (
-        "detect_length", "prune_undecided", "keep_ratio", "target_ratio", "survival_slope", "survival_min",
-        "survival_max", "cold_start_rounds", "cold_start_steps", "head_hidden_size", "head_learning_rate",
-        "calibration_bins", "calibration_buffer", "calibration_alpha", "pruning_min_auc", "pruning_heldout_fraction",
-        "pruning_gate_window", "quality_head_init"),
+        "rollout_mode", "max_staleness", "rollout_max_inflight", "vllm_enforce_eager"),
+    **{f"The hyperparameters of {label} (on its class)": tuple(h.name for h in group)
+       for label, group in registered_hyperparameters().items()},
 }
 
 

@@ -332,17 +332,8 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
     def _deterministic_round(self):
         """`rollout_mode="deterministic"`: the filler's generation requests, one batched call each (TRL's
         generation step across the ranks), observed one by one."""
-        allocator = self.allocator
-        admitted = self._allocate(allocator.start_round, False)
-        rows, requests = [], []
-        while (request := self._allocate(allocator.next_request)) is not None:
-            requests.append(request)
-            new = self._generate_and_score_request(*request)
-            rows.extend(new)
-            self._allocate(allocator.observe, new, request)
-        summary = self._allocate(allocator.finish_round)
-        return {"rows": rows, "trained": rows, "summary": summary, "admitted": admitted, "requests": requests,
-                "log": None}
+        r = self.allocator.run_round(self._generate_and_score_request, self._allocate)
+        return {**r, "trained": r["rows"], "log": None}
 
     # ------------------------------------------------------------------ empty rounds
     def _compute_loss(self, model, inputs):
