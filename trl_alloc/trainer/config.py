@@ -76,6 +76,13 @@ class _RunFields(GRPOConfig):
         "eq. 5 applied once with them), a JSON file `scripts/arrol_study.py` writes (`probe_counts.json`, prompts "
         "matched by text). The probe's responses are not counted in `rollout_budget`."})
 
+    loss_normalization: str = field(default="trained", metadata={
+        "help": "'trained': TRL's loss normalisation (`loss_type`) over the rows the round trains, its committed "
+        "groups; at one learning rate a round that trains fewer rows than stock's batch then moves each informative "
+        "token further than stock does (its batch also counts flat groups, whose advantage is 0). 'nominal': the "
+        "loss is scaled by trained rows / generation_batch_size (at most 1), as if the rows not trained were there "
+        "with zero advantage, so the step per informative token is stock GRPO's at the same learning rate "
+        "(docs/benchmarks.md, the learning regime)."})
     target_groups: int | None = field(default=None, metadata={
         "help": "Groups a SARA / dynamic-sampling round tries to commit (B). None = the number of prompts the pacer "
         "admitted this round."})
@@ -153,6 +160,7 @@ class AllocGRPOConfig(_MethodFields):
         if self.commit_min is None:
             self.commit_min = k
         _check_choice("rollout_mode", self.rollout_mode, ("auto", "deterministic", "events", "stream"))
+        _check_choice("loss_normalization", self.loss_normalization, ("trained", "nominal"))
         if self.rollout_mode == "auto":  # the choice and its reason go to the log and the model card
             cuda = torch.cuda.is_available() and not self.use_cpu
             self.rollout_mode, self.rollout_mode_reason = choose_rollout_mode(self, cuda)
@@ -299,7 +307,7 @@ PARAMETER_GROUPS = {  # the run's own fields; then one group per method, from it
         "pacing", "filling", "pruning", "pacing_kwargs", "filling_kwargs"),
     "Budget and rounds": ("rollout_budget", "num_rounds", "prompts_per_round", "success_reward_funcs",
                           "success_threshold", "no_signal_warning_rounds", "allocation_seed", "probe_counts",
-                          "target_groups"),
+                          "target_groups", "loss_normalization"),
     "Rollouts: deterministic, event-driven or one stream across rounds": (
         "rollout_mode", "max_staleness", "rollout_max_inflight", "vllm_enforce_eager"),
     **{f"The hyperparameters of {label} (on its class)": tuple(h.name for h in group)

@@ -29,6 +29,9 @@ class LossBatchMixin:
         state = self.round_state
         state.loss_rows, state.zero_std, state.sampling, state.flat_groups = loss_rows, None, {}, 0
         state.empty = not loss_rows
+        nominal = self.args.generation_batch_size  # the rows stock GRPO's step would average over
+        state.loss_scale = (min(1.0, len(loss_rows) / nominal)
+                            if self.args.loss_normalization == "nominal" and loss_rows else 1.0)
         split = self.args.steps_per_generation
         if not loss_rows:
             return [self._collate([], torch.zeros(0), 1) for _ in range(split)]

@@ -16,4 +16,5 @@ class RoundState:
     flat_groups: int = 0  # groups mixed by the success signal whose training reward does not vary
     sampling: dict = field(default_factory=dict)  # TRL's importance-sampling statistics of the round
     empty: bool = False  # nothing reaches the loss: the round's optimizer steps move no parameter
+    loss_scale: float = 1.0  # `loss_normalization="nominal"`: trained rows / nominal rows (at most 1)
     allocator_s: float = 0.0  # seconds spent in the allocator (main process)
