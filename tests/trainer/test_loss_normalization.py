@@ -18,8 +18,8 @@ def test_nominal_scales_each_rounds_loss_by_its_share_of_the_nominal_batch(tmp_p
 
     runs, scales = {}, {}
     for norm in ("trained", "nominal"):
-        trainer = build(tmp_path / norm, pacing="uniform", filling="sara", num_rounds=3, per_device_train_batch_size=16,
-                        loss_normalization=norm)
+        trainer = build(tmp_path / norm, pacing="uniform", filling="sara", num_rounds=3,
+                        per_device_train_batch_size=16, loss_normalization=norm)
         seen = scales[norm] = []
 
         class Scale(TrainerCallback):
