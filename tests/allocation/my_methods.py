@@ -23,5 +23,11 @@ class HalfPacer(UniformPacer):
         return units
 
 
+class SeedPacer(UniformPacer):
+    """Declares a hyperparameter named like a config field of its own (`seed`): refused."""
+
+    hyperparameters = (Hyperparameter("seed", int, 0, "A clash."),)
+
+
 class NotAPacer:
     """A class that is not a `Pacer`: naming it is refused."""

@@ -60,6 +60,9 @@ def test_a_method_from_outside_the_package_gets_its_defaults_and_its_checks(tmp_
         config(tmp_path, pacing="my_methods.HalfPacer", filling="full", pacing_kwargs={"fraction": 2})
     with pytest.raises(TypeError, match="`fraction` must be a number, got 'half'"):
         config(tmp_path, pacing="my_methods.HalfPacer", filling="full", pacing_kwargs={"fraction": "half"})
+    with pytest.raises(ValueError, match=r"pacing='my_methods.SeedPacer' declares the hyperparameter\(s\) \['seed'\], "
+                                         "which are the config's own fields"):
+        config(tmp_path, pacing="my_methods.SeedPacer", filling="full")
 
 
 def test_only_the_chosen_methods_are_checked_and_an_unread_setting_is_named(tmp_path):

@@ -220,9 +220,14 @@ class AllocGRPOConfig(_MethodFields):
         `<stage>_kwargs` key names one of the method's own: it sets the config field of that name where one exists
         (a registered method's), else it stays in `<stage>_kwargs`, with the defaults of those not given."""
         fields = {f.name for f in dataclasses.fields(self)}
+        methods_own = {h.name for group in registered_hyperparameters().values() for h in group}
         for stage in STAGES:
             cls = method_class(stage, getattr(self, stage))  # an unknown name lists the registered ones
             declared = {h.name: h for h in getattr(cls, "hyperparameters", ())}
+            clash = sorted(set(declared) & fields - methods_own)
+            if clash:
+                raise ValueError(f"{stage}={getattr(self, stage)!r} declares the hyperparameter(s) {clash}, which are "
+                                 "the config's own fields; give them other names.")
             if stage == "pruning":
                 kwargs = {}
             else:
