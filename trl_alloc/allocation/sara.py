@@ -115,11 +115,8 @@ class SARAFiller(Filler):
 
     @classmethod
     def check_config(cls, args: Any) -> None:
-        k = args.num_generations
-        for name in ("probe", "commit_min"):
-            if getattr(args, name) is not None and getattr(args, name) > k:
-                raise ValueError(f"`{name}` ({getattr(args, name)}) must not exceed `num_generations` (k = {k}); "
-                                 f"lower `{name}` or raise `num_generations`.")
+        """The rules between its hyperparameters and k (probe, commit_min <= k): the constructor's, built once."""
+        cls.from_config(args, RunContext(num_prompts=1, num_rounds=1, budget=0))
 
     @classmethod
     def smallest_group(cls, args: Any) -> int:
@@ -152,12 +149,14 @@ class SARAFiller(Filler):
         self.k = check_int("group_size", group_size, 2)
         self.probe = check_int("probe", probe, 1)
         if self.probe > self.k:
-            raise ValueError(f"`probe` (n0 = {self.probe}) must not exceed `group_size` (k = {self.k}).")
+            raise ValueError(f"`probe` (n0 = {self.probe}) must not exceed `group_size` (k = {self.k}, the config's "
+                             "`num_generations`); lower `probe`.")
         self.auto_tau = tau_low == "auto"
         self.tau_low = None if self.auto_tau else check_open_unit("tau_low", tau_low)
         self.commit_min = self.k if commit_min is None else check_int("commit_min", commit_min, 2)
         if self.commit_min > self.k:
-            raise ValueError(f"`commit_min` ({self.commit_min}) must not exceed `group_size` ({self.k}).")
+            raise ValueError(f"`commit_min` ({self.commit_min}) must not exceed `group_size` ({self.k}, the config's "
+                             "`num_generations`); lower `commit_min`.")
         self.prior = check_prior("prior", prior)
         self.safety_factor = check_int("safety_factor", safety_factor, 1)
         self.overcommit = float(overcommit)

@@ -338,8 +338,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
     # ------------------------------------------------------------------ empty rounds
     def _compute_loss(self, model, inputs):
         if not (self.model.training and self.round_state.empty):
-            loss = super()._compute_loss(model, inputs)
-            return loss * self.round_state.loss_scale if self.round_state.loss_scale != 1.0 else loss
+            return super()._compute_loss(model, inputs) * self.round_state.loss_scale  # (× 1.0 is exact)
         # An empty round: the zero loss still runs (collectives), but its metrics would only log zeros.
         metrics = train_metrics(self)
         before = {key: len(values) for key, values in metrics.items()}
