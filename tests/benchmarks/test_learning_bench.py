@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import t
 
 from helpers import ROOT
-from trl_alloc.benchmarks.learning import compare, cost_to_reach, method_flags, paired
+from trl_alloc.benchmarks.learning import compare, cost_to_reach, markdown_table, method_flags, paired
 
 CURVE = [{"responses": 0, "seconds": 0.0, "accuracy": 0.10}, {"responses": 100, "seconds": 20.0, "accuracy": 0.20},
          {"responses": 200, "seconds": 50.0, "accuracy": 0.30}, {"responses": 300, "seconds": 60.0, "accuracy": 0.25}]
@@ -33,15 +33,15 @@ def test_paired_is_the_student_t_interval():
     assert paired([math.inf])["mean"] is None
 
 
-def record(method, seed, curve):
+def record(method, seed, curve, effective_groups=10):
     return {"method": method, "seed": seed, "held_out_accuracy_after": curve[-1]["accuracy"],
-            "held_out_curve": curve, "effective_group_rate": 0.5, "responses_spent": curve[-1]["responses"]}
+            "held_out_curve": curve, "effective_groups": effective_groups, "responses_spent": curve[-1]["responses"]}
 
 
 def test_compare_pairs_each_seed_against_stocks_final_accuracy():
     fast = [dict(p, accuracy=a) for p, a in zip(CURVE, (0.10, 0.30, 0.30, 0.35))]
-    runs = [record("stock", 0, CURVE), record("cero_sara", 0, fast),
-            record("stock", 1, CURVE), record("cero_sara", 1, CURVE[:2])]  # seed 1: never reaches stock's 0.25
+    runs = [record("stock", 0, CURVE), record("cero_sara", 0, fast, 14),
+            record("stock", 1, CURVE, 12), record("cero_sara", 1, CURVE[:2], 11)]  # seed 1: never reaches 0.25
     rows = compare(runs)
     assert rows["stock"]["responses_to_target_ratio"]["mean"] == 1.0
     ratio = rows["cero_sara"]["responses_to_target_ratio"]
@@ -49,6 +49,10 @@ def test_compare_pairs_each_seed_against_stocks_final_accuracy():
     assert (ratio["n"], ratio["n_inf"], ratio["mean"]) == (1, 1, pytest.approx(0.5))
     assert rows["cero_sara"]["seconds_to_target_ratio"]["mean"] == pytest.approx(15.0 / 35.0)
     assert rows["cero_sara"]["d_final"]["mean"] == pytest.approx(((0.35 - 0.25) + (0.20 - 0.25)) / 2)
+    assert rows["cero_sara"]["d_effective_groups"]["mean"] == pytest.approx(((14 - 10) + (11 - 12)) / 2)
+    assert rows["stock"]["effective_groups"]["mean"] == pytest.approx(11)
+    table = markdown_table(rows)
+    assert "| +1.5 [" in table.splitlines()[-1]  # CERO+SARA's effective-group difference, with its interval
 
 
 def test_cpu_seconds_are_compared_only_where_both_runs_measured_them():

@@ -66,9 +66,9 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
         raise RuntimeError(f"{method} seed {seed}: the run has no held-out curve; the bench needs a held-out set (a "
                            "test split, --test_dataset_name or --test_fraction) and --eval_samples above 0.")
     keys = ("rounds", "responses_spent", "tokens_spent", "groups", "effective_groups", "effective_group_rate",
-            "responses_per_effective_group", "held_out_accuracy_before", "held_out_accuracy_after", "held_out_split",
-            "held_out_prompts", "held_out_samples", "held_out_backend", "held_out_curve", "budget_responses",
-            "methods")
+            "responses_per_effective_group", "prompts_seen", "rounds_without_signal", "held_out_accuracy_before",
+            "held_out_accuracy_after", "held_out_split", "held_out_prompts", "held_out_samples", "held_out_backend",
+            "held_out_curve", "budget_responses", "methods")
     record = {"method": method, "seed": seed, "command": cmd[1:], "wall_s": wall_s,
               **{k: summary.get(k) for k in keys}}
     os.makedirs(runs_dir, exist_ok=True)
@@ -118,9 +118,9 @@ def paired(values: Iterable[float]) -> dict[str, Any]:
 
 
 def compare(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per method: final accuracy, its paired difference to stock, and the ratios of responses and seconds to
-    reach stock's final accuracy, over the seeds where stock ran too (and, for CPU seconds, where both runs measured
-    them)."""
+    """Per method: final accuracy and effective groups (the learning signal the budget bought), their paired
+    differences to stock, and the ratios of responses and seconds to reach stock's final accuracy, over the seeds
+    where stock ran too (and, for CPU seconds, where both runs measured them)."""
     by = {(r["method"], r["seed"]): r for r in runs}
     methods = list(dict.fromkeys([STOCK] + [r["method"] for r in runs]))
     rows = {}
@@ -128,7 +128,9 @@ def compare(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         seeds = sorted(s for (mm, s) in by if mm == m)
         both = [s for s in seeds if (STOCK, s) in by]
         row = {"seeds": seeds, "final": paired(by[m, s]["held_out_accuracy_after"] for s in seeds),
-               "egr": paired(by[m, s]["effective_group_rate"] or 0.0 for s in seeds),
+               "effective_groups": paired(by[m, s]["effective_groups"] for s in seeds),
+               "d_effective_groups": paired(by[m, s]["effective_groups"] - by[STOCK, s]["effective_groups"]
+                                            for s in both),
                "responses": paired(by[m, s]["responses_spent"] for s in seeds),
                "wall_s": paired(by[m, s]["held_out_curve"][-1]["seconds"] for s in seeds),
                "d_final": paired(by[m, s]["held_out_accuracy_after"] - by[STOCK, s]["held_out_accuracy_after"]
@@ -157,7 +159,7 @@ def _interval(p: dict[str, Any], spec: str, scale: float = 1.0, sign: bool = Fal
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
     head = ("| method | seeds | held-out accuracy % | Δ vs stock (pp) | responses to stock's final (× stock) | "
             "seconds to stock's final (× stock) | CPU seconds to stock's final (× stock) | responses | run s | "
-            "eff. group rate % |")
+            "effective groups | Δ effective groups vs stock |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m, r in rows.items():
         lines.append(f"| {method_recipe(m)[0] if m != STOCK else 'stock GRPO'} | {len(r['seeds'])} | "
@@ -165,7 +167,8 @@ def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
                      f"{_interval(r['responses_to_target_ratio'], '.2f')} | "
                      f"{_interval(r['seconds_to_target_ratio'], '.2f')} | "
                      f"{_interval(r['cpu_seconds_to_target_ratio'], '.2f')} | {_interval(r['responses'], '.0f')} | "
-                     f"{_interval(r['wall_s'], '.0f')} | {_interval(r['egr'], '.1f', 100)} |")
+                     f"{_interval(r['wall_s'], '.0f')} | {_interval(r['effective_groups'], '.0f')} | "
+                     f"{_interval(r['d_effective_groups'], '.1f', sign=True)} |")
     return "\n".join(lines)
 
 
