@@ -142,6 +142,9 @@ def train(out, overrides, resume=None):
             "global_step": trainer.state.global_step,
             "updates": sum(h["loss_responses"] > 0 for h in allocator.history[:-1]),  # new weights
             "enforce_eager": vg.llm.llm_engine.vllm_config.model_config.enforce_eager, "cpu": cpu_features(vg.llm),
+            "engine_dtype": str(vg.llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch."),
+            "logp_difference_max": [x["sampling/sampling_logp_difference/max"] for x in trainer.state.log_history
+                                    if "sampling/sampling_logp_difference/max" in x],
             "logged": sorted({k for x in trainer.state.log_history for k in x})}
 
 

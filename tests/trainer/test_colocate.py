@@ -80,7 +80,8 @@ SCENARIOS = {  # test name -> what its child runs, given a folder of its own; th
     "test_colocate_events": lambda out: run("train", out / "out", args=dict(
         pacing="cero", filling="sara", num_rounds=4, rollout_budget=64, rollout_mode="events", temperature=1.5)),
     "test_colocate_deterministic_pushes_arrive": lambda out: run("train", out / "out", args=dict(
-        pacing="uniform", filling="full", num_rounds=3, rollout_budget=24, rollout_mode="deterministic")),
+        pacing="uniform", filling="full", num_rounds=3, rollout_budget=24, rollout_mode="deterministic",
+        vllm_dtype="float32")),
     "test_colocate_rollouts_on_trls_engine": lambda out: run("backend", out),
 }
 
@@ -152,9 +153,13 @@ def test_colocate_rollouts_on_trls_engine(child):
 
 
 def test_colocate_deterministic_pushes_arrive(child):
-    """TRL's own colocate push fails on vLLM-CPU; trl-alloc's in-place reload delivers every push intact."""
+    """TRL's own colocate push fails on vLLM-CPU; trl-alloc's in-place reload delivers every push intact. With
+    `vllm_dtype="float32"` the engine generates in the trainer's dtype: its sampling log-probabilities are the
+    trainer's up to float rounding (measured: 3e-6 at most; 0.07 in bfloat16, vLLM's auto for a float32 model)."""
     _, got = child
     assert got["global_step"] == 3 and got["pushes"] == [True] * 3  # before each round, as TRL pushes
+    assert got["engine_dtype"] == "float32" and len(got["logp_difference_max"]) == 3
+    assert max(got["logp_difference_max"]) < 1e-2
     assert got["enforce_eager"] is True  # vllm_enforce_eager=None: eager on CPU (no ~30 s compile per start)
     assert_engine_may_use_its_kernels(got["cpu"])  # (the trainer builds the engine: AMX asked for there too)
     assert got["counters"]["responses"] == 24 - got["remaining"]
@@ -164,6 +169,7 @@ def test_colocate_events(child):
     _, got = child
     check_accounting(got)
     assert got["global_step"] == got["counters"]["rounds"] and all(got["pushes"]) and len(got["pushes"]) >= 1
+    assert got["engine_dtype"] == "bfloat16"  # vllm_dtype=None: vLLM's auto for a float32 model, as TRL builds it
 
 
 def test_colocate_stream_and_resume(child):

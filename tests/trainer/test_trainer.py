@@ -206,6 +206,7 @@ def test_resume_rejects_a_different_pipeline(tmp_path):
     (dict(pacing="uniform", filling="full", num_rounds=2, rollout_budget=100), "lower `rollout_budget`"),
     (dict(round_capacity=1), "round_capacity"),
     (dict(num_rounds=3, max_steps=5), "more optimizer steps than `num_rounds`"),
+    (dict(vllm_dtype="fp32"), "unknown `vllm_dtype='fp32'`; choose one of auto, float32, bfloat16, float16"),
 ])
 def test_bad_config_raises_helpful_error(tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")):

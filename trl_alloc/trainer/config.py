@@ -106,6 +106,11 @@ class _RunFields(GRPOConfig):
         "help": "vLLM colocate: run the engine eagerly (no torch.compile, no CUDA graphs). None: eager on CPU, as "
         "trl-alloc-serve's CPU server (compiling costs ~30 s at each engine start on a 2-core CPU), vLLM's default "
         "(compiled, CUDA graphs) on a GPU, as TRL."})
+    vllm_dtype: str | None = field(default=None, metadata={
+        "help": "vLLM colocate: the engine's dtype (auto, float32, bfloat16, float16; TRL passes none). None: vLLM's "
+        "auto, as TRL, which generates a float32 model in bfloat16 (on a CPU too); float32 makes the engine's "
+        "sampling log-probabilities the trainer's, so TRL's importance-sampling ratio is 1 on-policy "
+        "(docs/choosing-settings.md)."})
 
 
 # Every registered method's hyperparameters as fields (`allocation.registry.registered_hyperparameters`): the
@@ -161,6 +166,8 @@ class AllocGRPOConfig(_MethodFields):
             self.commit_min = k
         _check_choice("rollout_mode", self.rollout_mode, ("auto", "deterministic", "events", "stream"))
         _check_choice("loss_normalization", self.loss_normalization, ("trained", "nominal"))
+        if self.vllm_dtype is not None:
+            _check_choice("vllm_dtype", self.vllm_dtype, ("auto", "float32", "bfloat16", "float16"))
         if self.rollout_mode == "auto":  # the choice and its reason go to the log and the model card
             cuda = torch.cuda.is_available() and not self.use_cpu
             self.rollout_mode, self.rollout_mode_reason = choose_rollout_mode(self, cuda)
@@ -314,7 +321,7 @@ PARAMETER_GROUPS = {  # the run's own fields; then one group per method, from it
                           "success_threshold", "no_signal_warning_rounds", "allocation_seed", "probe_counts",
                           "target_groups", "loss_normalization"),
     "Rollouts: deterministic, event-driven or one stream across rounds": (
-        "rollout_mode", "max_staleness", "rollout_max_inflight", "vllm_enforce_eager"),
+        "rollout_mode", "max_staleness", "rollout_max_inflight", "vllm_enforce_eager", "vllm_dtype"),
     **{f"The hyperparameters of {label} (on its class)": tuple(h.name for h in group)
        for label, group in registered_hyperparameters().items()},
 }

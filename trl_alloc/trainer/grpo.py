@@ -147,7 +147,8 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             engine_setup = patch_trl_vllm_client()
         elif args.use_vllm:  # colocate: the engine eager or compiled
             eager = not torch.cuda.is_available() if args.vllm_enforce_eager is None else args.vllm_enforce_eager
-            engine_setup = patch_trl_colocate_llm(enforce_eager=eager)
+            dtype = {} if args.vllm_dtype is None else {"dtype": args.vllm_dtype}
+            engine_setup = patch_trl_colocate_llm(enforce_eager=eager, **dtype)
         else:
             engine_setup = contextlib.nullcontext()
         with engine_setup:
