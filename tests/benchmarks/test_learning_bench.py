@@ -109,6 +109,7 @@ def test_the_bench_runs_train_script_on_local_jsonl_files_and_keeps_finished_run
         assert curve[0]["cpu_seconds"] == 0.0 < curve[-1]["cpu_seconds"]
         assert curve[-1]["accuracy"] == r["held_out_accuracy_after"] and r["held_out_prompts"] == 12
         assert r["held_out_split"].endswith("test.jsonl") or "test.jsonl" in r["held_out_split"]
+        assert r["pool_prompts"] == 64 and 0 < r["prompts_seen"] <= 64 and 0 <= r["rounds_without_signal"] <= 5
     assert got["stock-s0.json"]["responses_spent"] == 5 * 32  # stock spends its budget exactly
     assert "| stock GRPO | 1 |" in proc.stdout and "| CERO+SARA | 1 |" in proc.stdout
     assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 0

@@ -66,9 +66,9 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
         raise RuntimeError(f"{method} seed {seed}: the run has no held-out curve; the bench needs a held-out set (a "
                            "test split, --test_dataset_name or --test_fraction) and --eval_samples above 0.")
     keys = ("rounds", "responses_spent", "tokens_spent", "groups", "effective_groups", "effective_group_rate",
-            "responses_per_effective_group", "prompts_seen", "rounds_without_signal", "held_out_accuracy_before",
-            "held_out_accuracy_after", "held_out_split", "held_out_prompts", "held_out_samples", "held_out_backend",
-            "held_out_curve", "budget_responses", "methods")
+            "responses_per_effective_group", "pool_prompts", "prompts_seen", "rounds_without_signal",
+            "held_out_accuracy_before", "held_out_accuracy_after", "held_out_split", "held_out_prompts",
+            "held_out_samples", "held_out_backend", "held_out_curve", "budget_responses", "methods")
     record = {"method": method, "seed": seed, "command": cmd[1:], "wall_s": wall_s,
               **{k: summary.get(k) for k in keys}}
     os.makedirs(runs_dir, exist_ok=True)

@@ -36,6 +36,7 @@ def summarize(history: Sequence[Mapping[str, Any]], exposure: ArrayLike, budget_
         "effective_group_rate": float(eff.sum() / groups.sum()) if groups.sum() else 0.0,
         "responses_per_effective_group": float(spend.sum() / eff.sum()) if eff.sum() else None,
         "max_abs_pacing_gap": float(np.abs(gap).max()) if rounds else 0.0,
+        "pool_prompts": int(exposure.size),
         "prompts_seen": int((exposure > 0).sum()),
         "exposure_quantiles": {str(q): float(np.quantile(exposure, q)) for q in (0.5, 0.9, 0.99, 1.0)}
         if exposure.size else {},
