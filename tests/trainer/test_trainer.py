@@ -12,6 +12,7 @@ from trl_alloc.trainer.config import AllocGRPOConfig  # noqa: E402
 
 import importlib.util  # noqa: E402
 import json  # noqa: E402
+import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -211,6 +212,17 @@ def test_resume_rejects_a_different_pipeline(tmp_path):
 def test_bad_config_raises_helpful_error(tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")):
         make_args(str(tmp_path), **overrides)
+
+
+def test_colocate_engine_fields_without_the_colocate_engine_warn(tmp_path):
+    with pytest.warns(UserWarning, match=r"vllm_dtype='float32' set, but only the colocate engine reads it "
+                      r"\(use_vllm=False, vllm_mode='colocate'\)"):
+        make_args(str(tmp_path), vllm_dtype="float32")
+    with pytest.warns(UserWarning, match=r"vllm_enforce_eager=False, vllm_dtype='bfloat16' set, .*vllm_mode='server'"):
+        make_args(str(tmp_path), use_vllm=True, vllm_mode="server", vllm_enforce_eager=False, vllm_dtype="bfloat16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_args(str(tmp_path), use_vllm=True, vllm_mode="colocate", vllm_dtype="float32")  # read: no warning
 
 
 def test_bad_dataset_and_pool_errors(tmp_path):

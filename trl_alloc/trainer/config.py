@@ -168,6 +168,12 @@ class AllocGRPOConfig(_MethodFields):
         _check_choice("loss_normalization", self.loss_normalization, ("trained", "nominal"))
         if self.vllm_dtype is not None:
             _check_choice("vllm_dtype", self.vllm_dtype, ("auto", "float32", "bfloat16", "float16"))
+        colocate_only = [f"{name}={getattr(self, name)!r}" for name in ("vllm_enforce_eager", "vllm_dtype")
+                         if getattr(self, name) is not None]
+        if colocate_only and not (self.use_vllm and self.vllm_mode == "colocate"):
+            warnings.warn(f"{', '.join(colocate_only)} set, but only the colocate engine reads it (use_vllm="
+                          f"{self.use_vllm}, vllm_mode={self.vllm_mode!r}): it has no effect. A vLLM server takes "
+                          "its own `--dtype` / `--enforce-eager` on its command line.", UserWarning, stacklevel=3)
         if self.rollout_mode == "auto":  # the choice and its reason go to the log and the model card
             cuda = torch.cuda.is_available() and not self.use_cpu
             self.rollout_mode, self.rollout_mode_reason = choose_rollout_mode(self, cuda)
