@@ -110,6 +110,21 @@ def assert_engine_may_use_its_kernels(cpu):
     assert "amx" not in cpu["attention_isa"] or cpu["xtiledata_permitted"], cpu
 
 
+def assert_on_policy(model, prompts, completions, logprobs, tol=1e-3):
+    """Each sampled sequence's importance-sampling ratio between the engine (its log-probabilities of the tokens it
+    sampled, at temperature 1) and `model` (float32, what the trainer scores) is within `tol` of 1."""
+    import torch
+
+    assert len(prompts) == len(completions) == len(logprobs) and completions
+    for prompt, completion, engine in zip(prompts, completions, logprobs):
+        assert len(engine) == len(completion) > 0
+        with torch.no_grad():
+            logits = model(torch.tensor([list(prompt) + list(completion)])).logits[0].double()
+        mine = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+        ratio = torch.exp((mine - torch.tensor(engine, dtype=torch.float64)).sum()).item()
+        assert abs(ratio - 1) < tol, (ratio, (mine - torch.tensor(engine, dtype=torch.float64)).abs().max())
+
+
 def build_served_model(out_dir):
     """The vLLM tests' model, saved to `out_dir`: `char_qwen2` over digits, letters and punctuation with
     <bos>/<unk>, one attention head and initializer_range 0.2 (peaked logits, so greedy decoding has no

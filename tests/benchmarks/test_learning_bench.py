@@ -11,7 +11,8 @@ import pytest
 from scipy.stats import t
 
 from helpers import ROOT
-from trl_alloc.benchmarks.learning import compare, cost_to_reach, markdown_table, method_flags, paired
+from trl_alloc.benchmarks.learning import (accuracy_at, code_commit, compare, cost_to_reach, endpoint, markdown_table,
+                                          method_flags, paired, power_lines, seeds_for_half_width)
 
 CURVE = [{"responses": 0, "seconds": 0.0, "accuracy": 0.10}, {"responses": 100, "seconds": 20.0, "accuracy": 0.20},
          {"responses": 200, "seconds": 50.0, "accuracy": 0.30}, {"responses": 300, "seconds": 60.0, "accuracy": 0.25}]
@@ -33,9 +34,32 @@ def test_paired_is_the_student_t_interval():
     assert paired([math.inf])["mean"] is None
 
 
+def test_the_endpoint_is_the_mean_accuracy_at_half_three_quarters_and_all_of_the_budget():
+    """Accuracy at 150 / 225 / 300 of a 300-response budget, linear between evaluations; a run that spent less
+    than its budget is read at its own spend (its last point)."""
+    assert accuracy_at(CURVE, 150) == pytest.approx(0.25) and accuracy_at(CURVE, 225) == pytest.approx(0.2875)
+    assert accuracy_at(CURVE, 0) == 0.10 and accuracy_at(CURVE, 300) == 0.25 and accuracy_at(CURVE, 999) == 0.25
+    assert endpoint({"held_out_curve": CURVE, "budget_responses": 300}) == pytest.approx((0.25 + 0.2875 + 0.25) / 3)
+    short = {"held_out_curve": CURVE[:3], "budget_responses": 300}  # stopped at 200 of 300 responses
+    assert endpoint(short) == pytest.approx((0.25 + 0.30 + 0.30) / 3)
+
+
+def test_seeds_for_a_half_width_invert_the_student_t_interval():
+    n = seeds_for_half_width(0.09, 0.04)
+    assert t.ppf(0.975, n - 1) * 0.09 / math.sqrt(n) <= 0.04 < t.ppf(0.975, n - 2) * 0.09 / math.sqrt(n - 1)
+    assert 20 <= n <= 25  # about (1.96 * 9 / 4)^2 = 19.4, plus the t distribution's wider tails
+    assert seeds_for_half_width(0.01, 0.04) == 3  # two seeds: t(0.975, 1) = 12.7 widens the interval to ±9 pp
+
+
+def test_the_record_names_the_commit_of_the_code_that_ran():
+    commit = code_commit()
+    assert commit is None or (len(commit.removesuffix("-dirty")) == 40 and int(commit[:40], 16) >= 0)
+
+
 def record(method, seed, curve, effective_groups=10):
     return {"method": method, "seed": seed, "held_out_accuracy_after": curve[-1]["accuracy"],
-            "held_out_curve": curve, "effective_groups": effective_groups, "responses_spent": curve[-1]["responses"]}
+            "held_out_curve": curve, "effective_groups": effective_groups, "responses_spent": curve[-1]["responses"],
+            "budget_responses": 300}
 
 
 def test_compare_pairs_each_seed_against_stocks_final_accuracy():
@@ -53,6 +77,13 @@ def test_compare_pairs_each_seed_against_stocks_final_accuracy():
     assert rows["stock"]["effective_groups"]["mean"] == pytest.approx(11)
     table = markdown_table(rows)
     assert "| +1.5 [" in table.splitlines()[-1]  # CERO+SARA's effective-group difference, with its interval
+    # the endpoint, paired: seed 0 (0.30 + 0.3125 + 0.35) / 3 against stock's 0.2625; seed 1 stops at 100 responses
+    d = rows["cero_sara"]["d_endpoint"]
+    assert d["mean"] == pytest.approx(((0.9625 / 3 - 0.7875 / 3) + (0.20 - 0.7875 / 3)) / 2)
+    assert rows["cero_sara"]["spend_share"]["mean"] == pytest.approx((1.0 + 100 / 300) / 2)
+    [line] = power_lines(rows)
+    assert line.startswith("cero_sara: Δ endpoint paired SD")
+    assert f"needs {seeds_for_half_width(d['sd'], 0.04)} seeds" in line
 
 
 def test_cpu_seconds_are_compared_only_where_both_runs_measured_them():
@@ -89,7 +120,7 @@ def test_the_bench_runs_train_script_on_local_jsonl_files_and_keeps_finished_run
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     runs = tmp_path / "runs"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_learning.py"), "--methods", "stock,cero_sara", "--seeds", "0",
-           "--eval_every", "2", "--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--",
+           "--eval_every_responses", "64", "--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--",
            "--config", str(ROOT / "configs" / "tiny_cpu.yaml"),
            "--model_name_or_path", get_tiny_model_dir(task="arithmetic"),
            "--dataset_name", str(tmp_path / "train.jsonl"),
@@ -101,8 +132,11 @@ def test_the_bench_runs_train_script_on_local_jsonl_files_and_keeps_finished_run
     assert sorted(got) == ["cero_sara-s0.json", "stock-s0.json"]
     for r in got.values():
         curve = r["held_out_curve"]
-        assert [p["when"] for p in curve] == ["before", "round-2", "round-4", "after"]
-        assert [p["round"] for p in curve] == [0, 2, 4, 5]
+        assert curve[0]["when"] == "before" and curve[-1]["when"] == "after"
+        # an evaluation after each round in which the responses spent passed another multiple of 64 (the last
+        # round's is the "after" point)
+        marks = [p["responses"] // 64 for p in curve[1:-1]]
+        assert marks and marks == sorted(set(marks)) and marks[0] >= 1
         assert curve[-1]["responses"] == r["responses_spent"] <= r["budget_responses"] == 5 * 32
         assert all(a["responses"] < b["responses"] and a["seconds"] < b["seconds"]
                    and a["cpu_seconds"] < b["cpu_seconds"] for a, b in zip(curve, curve[1:]))
@@ -110,7 +144,11 @@ def test_the_bench_runs_train_script_on_local_jsonl_files_and_keeps_finished_run
         assert curve[-1]["accuracy"] == r["held_out_accuracy_after"] and r["held_out_prompts"] == 12
         assert r["held_out_split"].endswith("test.jsonl") or "test.jsonl" in r["held_out_split"]
         assert r["pool_prompts"] == 64 and 0 < r["prompts_seen"] <= 64 and 0 <= r["rounds_without_signal"] <= 5
+        assert r["prompts_with_signal"] <= r["prompts_trained"] <= r["prompts_seen"]
+        assert 0.0 <= r["truncated_share"] <= 1.0 and r["commit"] == code_commit()
+        assert r["engine"] == {"backend": "transformers", "trainer_dtype": "float32", "dtype": "float32"}
     assert got["stock-s0.json"]["responses_spent"] == 5 * 32  # stock spends its budget exactly
+    assert [p["responses"] for p in got["stock-s0.json"]["held_out_curve"]] == [0, 64, 128, 160]
     assert "| stock GRPO | 1 |" in proc.stdout and "| CERO+SARA | 1 |" in proc.stdout
     assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 0
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -6,7 +6,7 @@ import importlib.util
 import time
 
 import pytest
-from helpers import assert_engine_may_use_its_kernels, build_served_model
+from helpers import assert_engine_may_use_its_kernels, assert_on_policy, build_served_model
 
 from trl_alloc.rollout.backends import BatchedRollouts, VLLMServerRollouts
 from trl_alloc.serving.client import AllocVLLMClient
@@ -247,6 +247,14 @@ def test_inprocess_vllm_rollouts_stream_abort_and_score_in_the_engine(tmp_path, 
         assert cut.token_ids[:5] == snap[0].token_ids and rollouts.next_completed(timeout=1) == []
         rollouts.scored = 0
         check_scores_in_engine(rollouts, model, head)
+        # on-policy: the engine's default dtype on a CPU is the trainer's float32
+        assert rollouts._rpc("served_dtype") == "float32"
+        rollouts.submit([5, 6, 7], n=2, max_tokens=8, tag="policy")
+        sampled = []
+        while rollouts.in_flight:
+            sampled += rollouts.next_completed(timeout=120)
+        assert_on_policy(model, [r.prompt_ids for r in sampled], [r.token_ids for r in sampled],
+                         [r.logprobs for r in sampled])
     finally:
         rollouts.close()
         rollouts.shutdown()

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from helpers import ROOT, assert_engine_may_use_its_kernels  # noqa: E402
+from helpers import ROOT, assert_engine_may_use_its_kernels, assert_on_policy  # noqa: E402
 
 from trl_alloc.serving import EXTENSION_CLS, build_server_command, find_free_port, server_env  # noqa: E402
 
@@ -216,6 +216,21 @@ def test_greedy_matches_transformers(served):
     _, client, model = served
     want, gaps = hf_greedy(model, PROMPTS)
     assert_same_greedy(server_greedy(client, PROMPTS), want, gaps)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_the_cpu_server_samples_from_the_policy_the_trainer_scores(served):
+    """`trl-alloc-serve` on a CPU serves in float32, the trainer's dtype: the importance-sampling ratio of every
+    sampled sequence against the float32 model is 1 within 1e-3, and the server reports its dtype (the trainer warns
+    where it differs from its own)."""
+    _, client, model = served
+    assert client.served_dtype() == "float32"
+    out = client.generate(PROMPTS[:3], n=2, max_tokens=8, temperature=1.0, logprobs=0, seed=5,
+                          generation_kwargs={"ignore_eos": True})
+    prompts = [p for p in out["prompt_ids"] for _ in range(2)]
+    assert_on_policy(model, prompts, out["completion_ids"], [[lp[0] for lp in x] if x and isinstance(x[0], list)
+                                                             else x for x in out["logprobs"]])
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ Writes OUT_DIR/result.json with what the test asserts on."""
 import json
 import os
 import sys
+import warnings
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -109,9 +110,11 @@ def train(out, overrides, resume=None):
     kw = dict(max_completion_length=16, rollout_max_inflight=8, use_vllm=True, vllm_mode="colocate",
               vllm_gpu_memory_utilization=0.2, learning_rate=1e-2, generation_kwargs=None)
     kw.update(overrides)
-    trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=reward,
-                               args=make_args(out, **kw), train_dataset=dataset,
-                               processing_class=AutoTokenizer.from_pretrained(model_dir))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = AllocGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=reward,
+                                   args=make_args(out, **kw), train_dataset=dataset,
+                                   processing_class=AutoTokenizer.from_pretrained(model_dir))
     vg, pushes = trainer.vllm_generation, []
     push = vg.sync_weights
 
@@ -145,6 +148,16 @@ def train(out, overrides, resume=None):
             "engine_dtype": str(vg.llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch."),
             "logp_difference_max": [x["sampling/sampling_logp_difference/max"] for x in trainer.state.log_history
                                     if "sampling/sampling_logp_difference/max" in x],
+            "is_ratio": [[x[f"sampling/{key}"] for key in ("importance_sampling_ratio/min",
+                                                            "importance_sampling_ratio/max",
+                                                            "raw_importance_sampling_ratio/p05",
+                                                            "raw_importance_sampling_ratio/p95",
+                                                            "importance_sampling_capped_share")]
+                         for x in trainer.state.log_history if "sampling/importance_sampling_capped_share" in x],
+            "dtype_warnings": [str(w.message) for w in caught if "generates in" in str(w.message)],
+            "engine": trainer.engine_description(),
+            "history_mismatch": [{k: h.get(k) for k in ("logp_difference_max", "is_capped_share")}
+                                 for h in allocator.history],
             "logged": sorted({k for x in trainer.state.log_history for k in x})}
 
 

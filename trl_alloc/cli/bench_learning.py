@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..allocation.allocator import json_default
-from ..benchmarks.learning import STOCK, compare, load_runs, markdown_table, plot_curves, run_one, run_path
+from ..benchmarks.learning import (STOCK, compare, load_runs, markdown_table, plot_curves, power_lines, run_one,
+                                   run_path)
 from ..benchmarks.methods import METHODS, parse_methods
 
 
@@ -34,7 +35,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, l
                    help="comma list from " + ",".join(METHODS) + " (stock: pacing uniform, filling full), or "
                    "pacing+filling")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--eval_every", type=int, default=5, help="rounds between held-out evaluations")
+    p.add_argument("--eval_every", type=int, default=0, help="rounds between held-out evaluations (0: off)")
+    p.add_argument("--eval_every_responses", type=int, default=128,
+                   help="also evaluate each time the responses spent pass another multiple of this: the same points "
+                   "for every method (0: off)")
     p.add_argument("--runs_dir", default="outputs/bench_learning/runs", help="one JSON per finished run (kept)")
     p.add_argument("--output_dir", default="outputs/bench_learning", help="table, figures, plot, train.py outputs")
     p.add_argument("--timeout", type=float, default=None, help="seconds one train.py run may take")
@@ -58,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
                     continue
                 print(f"[bench_learning] {method} seed {seed}: running", flush=True)
                 r = run_one(method, seed, train_args, args.runs_dir, os.path.join(args.output_dir, "train"),
-                            args.eval_every, timeout=args.timeout)
+                            args.eval_every, timeout=args.timeout,
+                            eval_every_responses=args.eval_every_responses)
                 print(f"[bench_learning] {method} seed {seed}: held-out {r['held_out_accuracy_before']:.3f} -> "
                       f"{r['held_out_accuracy_after']:.3f}, {r['responses_spent']} responses, "
                       f"{r['held_out_curve'][-1]['seconds']:.0f} s of run ({r['wall_s']:.0f} s with evaluation)",
@@ -68,13 +73,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         raise SystemExit(f"no runs in {args.runs_dir}")
     rows = compare(runs)
     table = markdown_table(rows)
-    print("\n" + table)
+    power = power_lines(rows)
+    print("\n" + table + "".join("\n" + line for line in power))
     os.makedirs(args.output_dir, exist_ok=True)
     plot = plot_curves(runs, os.path.join(args.output_dir, "learning_curves.png"))
     with open(os.path.join(args.output_dir, "bench_learning.md"), "w", encoding="utf-8") as f:
-        f.write(f"# Learning-regime benchmark\n\n{table}\n\nRuns: {args.runs_dir}\n")
+        f.write(f"# Learning-regime benchmark\n\n{table}\n\n" + "".join(f"- {line}\n" for line in power)
+                + f"\nRuns: {args.runs_dir}\n")
     with open(os.path.join(args.output_dir, "bench_learning.json"), "w", encoding="utf-8") as f:
-        json.dump({"rows": rows, "table": table, "runs_dir": args.runs_dir}, f, indent=1, default=json_default)
+        json.dump({"rows": rows, "table": table, "power": power, "runs_dir": args.runs_dir}, f, indent=1,
+                  default=json_default)
     print(f"\n[bench_learning] wrote {args.output_dir}/bench_learning.md, bench_learning.json, "
           f"{os.path.basename(plot)}", flush=True)
     return rows

@@ -30,12 +30,16 @@ def cpu_seconds() -> float:
 
 
 class HeldOutCurve(TrainerCallback):
-    """Held-out accuracy every `every` rounds. `evaluate(when)` runs on every rank and returns the accuracy on the
-    main process (None elsewhere); `points` (main process): round, step, responses spent, tokens, seconds and CPU
-    seconds (`cpu_seconds`, on the main process and its children), accuracy, when."""
+    """Held-out accuracy every `every` rounds and, with `every_responses`, after the round in which the responses
+    spent pass another multiple of it (0 turns either off). `evaluate(when)` runs on every rank and returns the
+    accuracy on the main process (None elsewhere); `points` (main process): round, step, responses spent, tokens,
+    seconds and CPU seconds (`cpu_seconds`, on the main process and its children), accuracy, when."""
 
-    def __init__(self, every: int, trainer: AllocGRPOTrainer, evaluate: Callable[[str], float | None]) -> None:
+    def __init__(self, every: int, trainer: AllocGRPOTrainer, evaluate: Callable[[str], float | None],
+                 every_responses: int = 0) -> None:
         self.every, self.trainer, self.evaluate = int(every), trainer, evaluate
+        self.every_responses = int(every_responses)
+        self._last_mark = 0  # multiples of every_responses evaluated so far
         self.points: list[dict[str, Any]] = []
         self.started: tuple[float, float] | None = None  # (wall, CPU) at the start of training
         self.ended: tuple[float, float] = (0.0, 0.0)  # the run's (seconds, CPU seconds) after its last optimizer step
@@ -72,11 +76,13 @@ class HeldOutCurve(TrainerCallback):
                     **kwargs: Any) -> None:
         t0 = self._clocks()
         self.ended = self.elapsed(t0)
-        rounds = self.trainer.allocator.counters["rounds"]
+        counters = self.trainer.allocator.counters
+        rounds, mark = counters["rounds"], counters["responses"] // self.every_responses if self.every_responses else 0
         last = state.global_step >= state.max_steps or self.trainer.allocator.budget_exhausted
-        if rounds % self.every or rounds == self._last_round or last:  # the last round: the "after" point
+        due = (self.every and rounds % self.every == 0) or mark > self._last_mark
+        if not due or rounds == self._last_round or last:  # the last round: the "after" point
             return
-        self._last_round = rounds
+        self._last_round, self._last_mark = rounds, mark
         when = f"round-{rounds}"
         accuracy = self.evaluate(when)
         self.add(when, accuracy, self.ended)

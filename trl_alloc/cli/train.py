@@ -56,6 +56,10 @@ class ScriptArguments:
         "help": "Also evaluate every N rounds: the learning curve (held-out accuracy against responses spent and the "
         "run's seconds, evaluation excluded) goes to allocation/summary.json as `held_out_curve`. 0 = before and "
         "after only. Not in rollout_mode 'stream' (rollouts are in flight between rounds)."})
+    eval_every_responses: int = field(default=0, metadata={
+        "help": "Also evaluate after the round in which the responses spent pass another multiple of N: the same "
+        "points for every method, whatever the size of its rounds (the learning benchmark's schedule). 0 = off; "
+        "may be combined with --eval_every."})
 
 
 def pick_config_class(argv: Sequence[str]) -> "type[AllocGRPOConfig]":
@@ -156,12 +160,14 @@ def _main(argv=None):
     config_class = pick_config_class(argv)
     parser = TrlParser((ScriptArguments, config_class, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-    if script_args.eval_every < 0:
-        raise ValueError(f"--eval_every must be >= 0 (rounds between held-out evaluations), got "
-                         f"{script_args.eval_every}.")
-    if script_args.eval_every and training_args.rollout_mode == "stream":
-        raise ValueError("--eval_every evaluates between rounds, but in rollout_mode 'stream' rollouts are in flight "
-                         "then; use --rollout_mode deterministic or events for a learning curve, or --eval_every 0.")
+    for name in ("eval_every", "eval_every_responses"):
+        if getattr(script_args, name) < 0:
+            raise ValueError(f"--{name} must be >= 0 (0: no evaluation between rounds), got "
+                             f"{getattr(script_args, name)}.")
+        if getattr(script_args, name) and training_args.rollout_mode == "stream":
+            raise ValueError(f"--{name} evaluates between rounds, but in rollout_mode 'stream' rollouts are in "
+                             "flight then; use --rollout_mode deterministic or events for a learning curve, or "
+                             f"--{name} 0.")
 
     from accelerate import PartialState
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -235,7 +241,7 @@ def _main(argv=None):
         if state.is_main_process:
             before = evaluate_held_out("before", engine_backend(trainer))
     curve = None
-    if test is not None and script_args.eval_every > 0:
+    if test is not None and (script_args.eval_every > 0 or script_args.eval_every_responses > 0):
         def evaluate_now(when):
             if through_engine:
                 sync_vllm_weights(trainer)  # (every rank: collective)
@@ -244,7 +250,8 @@ def _main(argv=None):
             trainer.accelerator.wait_for_everyone()
             return accuracy
         from trl_alloc.cli.curve import HeldOutCurve
-        curve = HeldOutCurve(script_args.eval_every, trainer, evaluate_now)
+        curve = HeldOutCurve(script_args.eval_every, trainer, evaluate_now,
+                             every_responses=script_args.eval_every_responses)
         curve.add("before", before, (0.0, 0.0))
         trainer.add_callback(curve)
     trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))

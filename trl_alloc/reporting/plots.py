@@ -40,8 +40,24 @@ def summarize(history: Sequence[Mapping[str, Any]], exposure: ArrayLike, budget_
         "prompts_seen": int((exposure > 0).sum()),
         "exposure_quantiles": {str(q): float(np.quantile(exposure, q)) for q in (0.5, 0.9, 0.99, 1.0)}
         if exposure.size else {},
+        "truncated_share": float(sum(h.get("truncated", 0) for h in history) / spend.sum()) if spend.sum() else 0.0,
+        "prompts_trained": len({p for h in history for p in h.get("trained_pids", ())}),
+        "prompts_with_signal": len({p for h in history for p in h.get("signal_pids", ())}),
+        "engine_mismatch": _mismatch(history),
     }
     out.update(extra or {})
+    return out
+
+
+def _mismatch(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The run's engine-trainer mismatch from its rounds' (trainer/metrics.py `MISMATCH_RECORD`): the largest
+    |Δ log-prob|, the other figures averaged over the rounds that trained."""
+    out = {}
+    for key in ("logp_difference_mean", "logp_difference_max", "is_capped_share", "is_ratio_p05", "is_ratio_p50",
+                "is_ratio_p95"):
+        values = [h[key] for h in history if key in h]
+        if values:
+            out[key] = float(max(values) if key.endswith("max") else np.mean(values))
     return out
 
 

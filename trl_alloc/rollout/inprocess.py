@@ -46,11 +46,13 @@ class VLLMInProcessRollouts(StreamedRollouts):
         super().__init__(request_timeout, quality_head)
 
     @classmethod
-    def start(cls, model: str | os.PathLike, dtype: str = "float32", gpu_memory_utilization: float | None = None,
+    def start(cls, model: str | os.PathLike, dtype: str | None = None, gpu_memory_utilization: float | None = None,
               max_model_len: int | None = None, enforce_eager: bool | None = None,
               **kwargs: Any) -> VLLMInProcessRollouts:
         """Build an `AsyncLLM` for `model` (a local folder) with trl-alloc's worker extension, on a new event-loop
-        thread. Defaults as `trl-alloc-serve`'s on this device (CPU: whole prefills, eager, 0.1 of the RAM)."""
+        thread. Defaults as `trl-alloc-serve`'s on this device (CPU: float32, whole prefills, eager, 0.1 of the RAM;
+        GPU: the checkpoint's dtype). Give `dtype` the trainer's compute dtype (`trainer.on_policy`) to sample from the
+        policy it trains."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -61,7 +63,7 @@ class VLLMInProcessRollouts(StreamedRollouts):
         on_cpu = not cuda_available()
         enable_amx()  # (the engine core may run here; a process of its own asks again through the vLLM plugin)
         args = AsyncEngineArgs(
-            model=str(model), dtype=dtype if on_cpu else "auto", max_model_len=max_model_len,
+            model=str(model), dtype=dtype or ("float32" if on_cpu else "auto"), max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization or (0.1 if on_cpu else 0.9),
             enforce_eager=on_cpu if enforce_eager is None else enforce_eager, worker_extension_cls=EXTENSION_CLS,
             enable_chunked_prefill=False if on_cpu else None, logprobs_mode="processed_logprobs")

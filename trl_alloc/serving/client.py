@@ -324,6 +324,11 @@ class AllocVLLMClient(WeightSyncMixin, VLLMClient):
                              "trainer's model (trl-alloc-serve --model "
                              f"{getattr(config, '_name_or_path', '') or 'DIR'}).")
 
+    def served_dtype(self) -> str:
+        """The dtype the served engine computes in (`float32`, `bfloat16`, ...)."""
+        self.check_extension()
+        return self.collective_rpc("served_dtype")[0]
+
     def weights_checksum(self) -> dict:
         """The worker extension's report: ``last_push_checksum``, ``num_pushes``, ``head_follows_embedding``."""
         return self.collective_rpc("weights_checksum")[0]

@@ -81,6 +81,10 @@ class AllocWorkerExtension:
         """Reload every weight in place from ``{name: tensor}`` (an engine in the trainer's process: colocate)."""
         return self._alloc_reload(weights)
 
+    def served_dtype(self) -> str:
+        """The dtype the engine computes in (`float32`, `bfloat16`, ...), as the trainer names its own."""
+        return str(self.model_runner.model_config.dtype).removeprefix("torch.")
+
     def model_signature(self) -> dict:
         """The served model's architecture fields (`serving.protocol.MODEL_SIGNATURE_FIELDS`)."""
         return model_signature(self.model_runner.model_config.hf_config)

@@ -156,6 +156,7 @@ class CheckpointMixin:
 
         extra = self.allocator.report()
         budget = extra.pop("budget")
+        extra["engine"] = self.engine_description()
         calibration = self.pruner.calibration_curve() if self.pruner is not None else None
         return write_allocation_report(self.args.output_dir, self.allocator.history, self.allocator.exposure, budget,
                                        extra, calibration=calibration)

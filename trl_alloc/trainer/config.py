@@ -107,10 +107,11 @@ class _RunFields(GRPOConfig):
         "trl-alloc-serve's CPU server (compiling costs ~30 s at each engine start on a 2-core CPU), vLLM's default "
         "(compiled, CUDA graphs) on a GPU, as TRL."})
     vllm_dtype: str | None = field(default=None, metadata={
-        "help": "vLLM colocate: the engine's dtype (auto, float32, bfloat16, float16; TRL passes none). None: vLLM's "
-        "auto, as TRL, which generates a float32 model in bfloat16 (on a CPU too); float32 makes the engine's "
-        "sampling log-probabilities the trainer's, so TRL's importance-sampling ratio is 1 on-policy "
-        "(docs/choosing-settings.md)."})
+        "help": "vLLM colocate: the engine's dtype (auto, float32, bfloat16, float16). None: the dtype the trainer "
+        "computes in (bfloat16 / float16 with `bf16` / `fp16`, else the model's), so the engine samples from the "
+        "policy the trainer scores and TRL's importance-sampling ratio is 1 on-policy. 'auto' is TRL's behaviour "
+        "(vLLM's auto: a float32 model generates in bfloat16); the run warns where the engine's dtype differs from "
+        "the trainer's (docs/choosing-settings.md)."})
 
 
 # Every registered method's hyperparameters as fields (`allocation.registry.registered_hyperparameters`): the

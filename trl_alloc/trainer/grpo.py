@@ -52,6 +52,7 @@ from .generation import RequestGenerationMixin
 from .inputs import check_inputs, checked_reward_funcs, warn_missing_reward_columns
 from .loss_batch import LossBatchMixin
 from .metrics import RoundMetricsMixin
+from .on_policy import engine_dtype, trainer_compute_dtype, warn_mismatch
 from .round_state import RoundState
 from .event_modes import EventRoundMixin, StreamRoundMixin
 from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_colocate_llm, patch_trl_vllm_client,
@@ -147,8 +148,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             engine_setup = patch_trl_vllm_client()
         elif args.use_vllm:  # colocate: the engine eager or compiled
             eager = not torch.cuda.is_available() if args.vllm_enforce_eager is None else args.vllm_enforce_eager
-            dtype = {} if args.vllm_dtype is None else {"dtype": args.vllm_dtype}
-            engine_setup = patch_trl_colocate_llm(enforce_eager=eager, **dtype)
+            engine_setup = patch_trl_colocate_llm(enforce_eager=eager, dtype=lambda: engine_dtype(self.model, args))
         else:
             engine_setup = contextlib.nullcontext()
         with engine_setup:
@@ -167,6 +167,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             print(vllm_version_notice())  # (TRL's own version warnings are silenced: trl_alloc/__init__.py)
         if server_mode and self.accelerator.is_main_process:  # before the first push: the same architecture?
             self.vllm_generation.vllm_client.check_serves(self.accelerator.unwrap_model(self.model).config)
+        self._check_engine_dtype()
 
         num_prompts = len(self.train_dataset)
         if num_prompts == 0:
@@ -298,6 +299,20 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         finally:
             self.round_state.allocator_s += time.perf_counter() - t0
 
+    def _check_engine_dtype(self) -> None:
+        """Warn once (main process) where the vLLM engine samples in another dtype than the trainer computes in."""
+        if not (self.use_vllm and self.accelerator.is_main_process):
+            return
+        trainer = trainer_compute_dtype(self.model, self.args)
+        if self.vllm_mode == "server":
+            served = self.vllm_generation.vllm_client.served_dtype()
+            warn_mismatch(served, trainer, f"The vLLM server at {self.vllm_generation.vllm_client.base_url}",
+                          f"Start it with `trl-alloc-serve --model ... --dtype {trainer}`, or train in {served}")
+        else:
+            engine = str(self.vllm_generation.llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch.")
+            warn_mismatch(engine, trainer, f"The colocate vLLM engine (vllm_dtype={self.args.vllm_dtype!r})",
+                          "Leave `vllm_dtype` unset: the engine then takes the trainer's dtype")
+
     def _allocate(self, method, *args):
         """One allocator call: on the main process only, timed there, its result (or error) shared with every rank."""
         def timed():
@@ -322,6 +337,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             time.perf_counter() - t_round, events=None if log is None else log.get("events"),
             responses=r.get("responses"), log_fields=r.get("log_fields"))
         entry["flat_groups"] = state.flat_groups  # mixed by success, but a constant training reward
+        entry.update(self._round_record(r["rows"]))
         if log is not None:
             entry["engine_wait_s"] = round(log["waited_s"], 6)
         if "after" in r:  # stream: its figures, then the next round opens (before this one trains)

@@ -98,11 +98,13 @@ class LossBatchMixin:
         return out
 
     def _importance_ratio(self, batch):
-        """TRL's vLLM importance-sampling ratio (token or sequence level, truncated or masked)."""
+        """TRL's vLLM importance-sampling ratio (token or sequence level, truncated or masked); the ratio before
+        the cap goes to `batch["raw_importance_sampling_ratio"]` (for the mismatch metrics, not the loss)."""
         mask = batch["completion_mask"] * batch.get("tool_mask", 1)
         diff = torch.nan_to_num((batch["old_per_token_logps"] - batch["sampling_per_token_logps"]) * mask, nan=0.0)
         mode = self.vllm_importance_sampling_mode
         ratio = torch.exp(diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff)
+        batch["raw_importance_sampling_ratio"] = ratio
         lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
         if mode.endswith("truncate"):
             return torch.clamp(ratio, min=lo, max=hi)
@@ -126,21 +128,34 @@ class LossBatchMixin:
             return self._policy_logps(batch, self.model)
 
 
+MISMATCH_QUANTILES = (0.05, 0.5, 0.95)
+
+
 def _sampling_stats(batches):
-    """TRL's `sampling/*` metrics of the vLLM importance-sampling correction, over this rank's loss tokens."""
+    """The engine-trainer mismatch over this rank's loss tokens: TRL's `sampling/*` metrics of the vLLM
+    importance-sampling correction (|Δ log-prob| per token, the capped ratio), plus the uncapped ratio's quantiles
+    and the share of ratios (tokens, or sequences in TRL's sequence modes) the cap truncated or masked."""
     if not batches or "importance_sampling_ratio" not in batches[0]:
         return {}
-    ratio, diff = [], []
+    capped, raw, diff = [], [], []
     for b in batches:
         mask = (b["completion_mask"] * b.get("tool_mask", 1)).bool()
-        r = b["importance_sampling_ratio"]
-        ratio.append((r.expand_as(mask) if r.size(-1) == 1 else r)[mask])
+
+        def per_item(t, mask=mask):  # one value per loss token, or per sequence for a sequence-level ratio
+            return t[mask.any(-1)].flatten() if t.size(-1) == 1 else t[mask]
+
+        capped.append(per_item(b["importance_sampling_ratio"]))
+        raw.append(per_item(b["raw_importance_sampling_ratio"]))
         diff.append((b["old_per_token_logps"] - b["sampling_per_token_logps"]).abs()[mask])
-    ratio, diff = torch.cat(ratio), torch.cat(diff)
-    if not ratio.numel():
+    capped, raw, diff = torch.cat(capped).double(), torch.cat(raw).double(), torch.cat(diff)
+    if not diff.numel():
         return {}
+    quantiles = torch.quantile(raw, torch.tensor(MISMATCH_QUANTILES, dtype=torch.float64))
     return {"sampling/sampling_logp_difference/mean": diff.mean().item(),
             "sampling/sampling_logp_difference/max": diff.max().item(),
-            "sampling/importance_sampling_ratio/min": ratio.min().item(),
-            "sampling/importance_sampling_ratio/mean": ratio.mean().item(),
-            "sampling/importance_sampling_ratio/max": ratio.max().item()}
+            "sampling/importance_sampling_ratio/min": capped.min().item(),
+            "sampling/importance_sampling_ratio/mean": capped.mean().item(),
+            "sampling/importance_sampling_ratio/max": capped.max().item(),
+            **{f"sampling/raw_importance_sampling_ratio/p{round(q * 100):02d}": v.item()
+               for q, v in zip(MISMATCH_QUANTILES, quantiles)},
+            "sampling/importance_sampling_capped_share": (capped != raw).double().mean().item()}

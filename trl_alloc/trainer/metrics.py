@@ -15,8 +15,47 @@ CALLS_NOTE_ROUNDS = 3  # rounds averaged before the note on generation calls (tr
 CALLS_NOTE_ABOVE = 1.5  # mean generation calls a round above which it is printed (full groups take 1)
 
 
+# the round's engine-trainer mismatch (`sampling/*`, loss_batch._sampling_stats) kept in its history entry
+MISMATCH_RECORD = {"sampling/sampling_logp_difference/mean": "logp_difference_mean",
+                   "sampling/sampling_logp_difference/max": "logp_difference_max",
+                   "sampling/importance_sampling_capped_share": "is_capped_share",
+                   "sampling/raw_importance_sampling_ratio/p05": "is_ratio_p05",
+                   "sampling/raw_importance_sampling_ratio/p50": "is_ratio_p50",
+                   "sampling/raw_importance_sampling_ratio/p95": "is_ratio_p95"}
+
+
 class RoundMetricsMixin:
     """Logs one round's allocation, completion and reward figures (called once per round, every rank)."""
+
+    def _round_record(self, rows: list[dict]) -> dict:
+        """What the round's history entry keeps beyond the allocator's figures: responses cut at
+        `max_completion_length`, the prompts whose groups reached the loss (`trained_pids`) and those whose
+        advantages were not all zero (`signal_pids`), and the engine-trainer mismatch (`MISMATCH_RECORD`)."""
+        state, cap = self.round_state, self.args.max_completion_length
+        ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        truncated = sum(1 for r in rows if not (r.get("pruned") or r.get("aborted")) and
+                        len(r["completion_ids"]) >= cap and r["completion_ids"][-1] not in ends)
+        trained = sorted({r["pid"] for r in state.loss_rows})
+        moved = state.advantages.abs() > 0 if state.loss_rows else []
+        signal = sorted({r["pid"] for r, m in zip(state.loss_rows, moved) if m})
+        mismatch = {short: float(f"{state.sampling[key]:.6g}") for key, short in MISMATCH_RECORD.items()
+                    if key in state.sampling}
+        return {"truncated": truncated, "trained_pids": trained, "signal_pids": signal, **mismatch}
+
+    def engine_description(self) -> dict:
+        """Which engine generated the rollouts, in which dtype, beside the trainer's compute dtype."""
+        from .on_policy import trainer_compute_dtype
+
+        out = {"backend": f"vllm-{self.vllm_mode}" if self.use_vllm else "transformers",
+               "trainer_dtype": trainer_compute_dtype(self.model, self.args)}
+        if self.use_vllm and self.vllm_mode == "colocate":
+            out["dtype"] = str(self.vllm_generation.llm.llm_engine.vllm_config.model_config.dtype).removeprefix(
+                "torch.")
+        elif self.use_vllm and self.accelerator.is_main_process:
+            out["dtype"] = self.vllm_generation.vllm_client.served_dtype()
+        else:
+            out["dtype"] = out["trainer_dtype"]
+        return out
 
     def _log_round(self, rows, summary, entry):
         m = train_metrics(self)

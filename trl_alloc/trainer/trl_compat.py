@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trl
@@ -273,15 +273,17 @@ def _replaced_in_vllm_generation(name, make):
         setattr(vg, name, original)
 
 
-def patch_trl_colocate_llm(**llm_kwargs: Any) -> contextlib.AbstractContextManager[None]:
+def patch_trl_colocate_llm(dtype: Callable[[], str] | None = None,
+                           **llm_kwargs: Any) -> contextlib.AbstractContextManager[None]:
     """Add `llm_kwargs` (e.g. `enforce_eager`, which TRL does not pass) to the `vllm.LLM` that TRL's colocate mode
     builds in `VLLMGeneration.__init__`, and ask for AMX permission first (`serving.cpu_features`: the engine runs
-    in this process); use around the trainer's construction."""
+    in this process); use around the trainer's construction. `dtype`: called when the engine is built (the model is
+    loaded by then), gives the engine's dtype (TRL passes none: vLLM's auto)."""
     from ..serving.cpu_features import enable_amx
 
     def build(original, *args, **kwargs):
         enable_amx()
-        return original(*args, **{**kwargs, **llm_kwargs})
+        return original(*args, **{**kwargs, **llm_kwargs, **({} if dtype is None else {"dtype": dtype()})})
 
     return _replaced_in_vllm_generation("LLM", lambda original: functools.partial(build, original))
 
