@@ -20,12 +20,14 @@ def config(tmp_path, **kwargs):
 def test_the_config_fields_of_the_methods_are_their_declarations():
     from trl import GRPOConfig
 
+    from trl_alloc.allocation.config import ALLOCATION_FIELDS
     from trl_alloc.trainer.config import AllocGRPOConfig, _RunFields
 
     fields = {f.name: f for f in dataclasses.fields(AllocGRPOConfig)}
     declared = {h.name: h for group in registered_hyperparameters().values() for h in group}
     run_own = {f.name for f in dataclasses.fields(_RunFields)} - {f.name for f in dataclasses.fields(GRPOConfig)}
-    assert set(fields) - {f.name for f in dataclasses.fields(GRPOConfig)} == run_own | set(declared)
+    allocation_own = {name for name, _, _ in ALLOCATION_FIELDS}
+    assert set(fields) - {f.name for f in dataclasses.fields(GRPOConfig)} == run_own | allocation_own | set(declared)
     for name, h in declared.items():
         assert fields[name].default == h.default and fields[name].metadata["help"] == h.help, name
     # shared declarations are one object: CERO's Beta prior is SARA's

@@ -249,8 +249,8 @@ def test_plan_builds_sara_with_its_overcommit(overcommit):
 
     args = argparse.Namespace(prompts=600, rounds=40, budget=8000, unit_size=4, units_per_group=2, capacity=60,
                               tau_low=0.45, history_decay=1.0, seed=0, sara_overcommit=overcommit)
-    _, filler, settings = build_method("cero+sara", args)
-    assert filler.overcommit == settings.sara_overcommit == overcommit
+    _, filler, config = build_method("cero+sara", args)
+    assert filler.overcommit == config.sara_overcommit == overcommit
 
 
 def test_a_rollout_the_server_cannot_generate_fails_the_round_clearly():

@@ -76,23 +76,3 @@ def test_the_engine_model_and_the_trainer_make_the_same_decisions(tmp_path, meth
     events = [e for line in trainer for e in line["events"]]
     assert {"submit", "done"} <= {kind for kind, _, _ in events}
     assert sum(len(line["groups"]) for line in trainer) > ROUNDS  # (groups committed, not empty rounds)
-
-
-def test_plan_settings_are_the_trainer_defaults(tmp_path):
-    """Every stage field plan.py sets (`allocation.simulate.plan_settings`) is either derived from the plan (pool,
-    budget, rounds, group shape) or AllocGRPOConfig's default, so the engine model runs the trainer's methods."""
-    from trl_alloc.allocation.simulate import plan_settings
-
-    args = argparse.Namespace(**PLAN, seed=0)
-    derived = {"pacing", "filling", "num_generations", "unit_size", "max_units", "round_capacity", "rollout_budget",
-               "generation_batch_size", "nominal_prompts_per_round", "tau_low", "history_decay", "sara_overcommit"}
-    settings = plan_settings("cero+sara", args)
-    config = make_args(str(tmp_path), num_generations=K)
-    resolved_later = {"commit_min": K, "knapsack_max_n": 4 * K, "pacing_kwargs": {}, "filling_kwargs": {}}
-    for name, value in vars(settings).items():
-        if name in derived:
-            continue
-        default = getattr(config, name)
-        assert value == default or (default is None and value == resolved_later.get(name)) or (
-            value is None and default == resolved_later.get(name)), (name, value, default)
-    assert settings.sara_overcommit == config.sara_overcommit and settings.target_groups is None

@@ -555,7 +555,9 @@ def test_a_short_run_without_signal_still_says_why(tmp_path, capsys):
 @pytest.mark.parametrize("flags,match", [
     (["--rounds", "0"], "--rounds must be >= 1"), (["--unit_size", "0"], "--unit_size must be >= 1"),
     (["--step_ms", "-1"], "--step_ms must be >= 0"), (["--budget", "-5"], "--budget must be >= 1"),
-    (["--sara_overcommit", "0.5"], "--sara_overcommit must be >= 1"),
+    (["--sara_overcommit", "0.5"], "`sara_overcommit` must be >= 1, got 0.5."),  # (SARA's rule, whatever is planned)
+    (["--budget", "3201", "--rounds", "20"], "`rollout_budget` (3201 responses) exceeds what 20 rounds can spend "
+     "(20 × 160 responses per round)"),  # the trainer refuses that config too
 ])
 def test_plan_refuses_impossible_settings(flags, match, capsys):
     from trl_alloc.cli.plan import main
@@ -566,11 +568,12 @@ def test_plan_refuses_impossible_settings(flags, match, capsys):
 
 
 def test_plan_budget_remainder_does_not_stretch_the_run(tmp_path):
-    """--budget 3201 on a 20-round plan used to run knapsack for 80 rounds; a remainder below one group ends it."""
+    """A CERO budget that leaves a remainder below one group (3,204 responses: 400 groups of 8, and 4) used to
+    stretch a plan for 80 rounds; the remainder ends it."""
     from trl_alloc.cli.plan import main
 
-    main(["--prompts", "200", "--rounds", "20", "--budget", "3201", "--capacity", "40",
-          "--methods", "knapsack,uniform", "--engine_methods", "", "--output_dir", str(tmp_path)])
+    main(["--prompts", "200", "--rounds", "20", "--budget", "3204", "--capacity", "60",
+          "--methods", "cero,cero+sara", "--engine_methods", "", "--output_dir", str(tmp_path)])
     results = json.loads((tmp_path / "plan.json").read_text())["results"]
     assert all(r["summary"]["rounds"] <= 21 for r in results.values()), {
         k: r["summary"]["rounds"] for k, r in results.items()}

@@ -33,17 +33,20 @@ def resolve_num_rounds(args: Any, num_prompts: int) -> int:
     return max(1, math.ceil(stock_steps / per_round))
 
 
-def run_context(args: Any, num_prompts: int, num_rounds: int, pacer: Pacer | None = None) -> RunContext:
+def run_context(args: Any, num_prompts: int, num_rounds: int, pacer: Pacer | None = None,
+                reference: list | None = None) -> RunContext:
     """The `RunContext` of a run: its pool, horizon, budget (`args.budget_for`) and allocation seed."""
     seed = args.seed if args.allocation_seed is None else args.allocation_seed
     return RunContext(num_prompts=num_prompts, num_rounds=num_rounds, budget=args.budget_for(num_rounds), seed=seed,
-                      pacer=pacer)
+                      pacer=pacer, reference=reference)
 
 
-def build_stages(args: Any, num_prompts: int, num_rounds: int) -> tuple[Pacer, Filler]:
+def build_stages(args: Any, num_prompts: int, num_rounds: int,
+                 reference: list | None = None) -> tuple[Pacer, Filler]:
     """(pacer, filler): the stages `args.pacing` and `args.filling` name (registry), each built from the config;
-    the filler is built knowing its pacer."""
-    context = run_context(args, num_prompts, num_rounds)
+    the filler is built knowing its pacer. `reference`: a CERO run's allocation log, for a pacer that replays one
+    (random_matched in the planner)."""
+    context = run_context(args, num_prompts, num_rounds, reference=reference)
     pacer = method_class("pacing", args.pacing).from_config(args, context)
     return pacer, method_class("filling", args.filling).from_config(args, dataclasses.replace(context, pacer=pacer))
 

@@ -108,10 +108,10 @@ def _load():
     global _loaded
     if _loaded:
         return
-    _loaded = True
     package = importlib.import_module(__package__)
-    for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{__package__}.{info.name}")
+    for info in pkgutil.iter_modules(package.__path__):  # (a module that asks for the methods while it is imported,
+        importlib.import_module(f"{__package__}.{info.name}")  # `config`, comes back here and imports the rest)
+    _loaded = True
 
 
 __all__ = ["STAGES", "register", "method_names", "method_class", "registered_hyperparameters"]

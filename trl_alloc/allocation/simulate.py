@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Iterable
-from dataclasses import replace
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import Filler, Pacer, RunContext
-from .event_rounds import Round
 from .allocator import Allocator
-from .factory import round_kwargs
-from .registry import method_class
+from .base import Filler, Pacer
+from .event_rounds import Round
+from .factory import build_stages, round_kwargs
+
+if TYPE_CHECKING:
+    from .config import AllocationConfig  # (imported when called: config asks the registry for every method)
 
 
 class DriftingPool:
@@ -67,30 +68,35 @@ def predicted_success_bins(predicted: np.ndarray, admitted: np.ndarray, bins: in
     return np.divide(chosen, pool, out=np.full(bins, np.nan), where=pool > 0)
 
 
-def plan_settings(method: str, args: Any) -> SimpleNamespace:
-    """The config fields plan.py's settings `args` give, for `method` written 'pacing+filling' ('cero' alone: full
-    groups); every other hyperparameter is its declared default (`ConfiguredMethod.settings`). A plain pacer admits
-    budget / (K·k) prompts per round, so every method spends the same budget over K rounds."""
+PLAN_SHAPE = {"unit_size": "unit_size", "units_per_group": "max_units", "capacity": "round_capacity"}  # plan: config
+
+
+def plan_config(method: str, plan: Any) -> AllocationConfig:
+    """The config of a run of `method` ('pacing+filling'; 'cero' alone: full groups) over a plan's pool: the plan's
+    budget, rounds and group shape (`plan.budget`, `.rounds`, `.seed`, and `PLAN_SHAPE`'s CERO fields), and every
+    other allocation field as `plan` gives it (scripts/plan.py's flags are generated from those fields), else the
+    trainer's default. A plain pacer admits budget / (K·k) prompts per round, so every method spends the same budget
+    over K rounds."""
+    from .config import AllocationConfig, allocation_field_names
+
     pacing, _, filling = method.partition("+")
-    k = args.units_per_group * args.unit_size
-    return SimpleNamespace(
-        pacing=pacing, filling=filling or "full", num_generations=k, unit_size=args.unit_size,
-        max_units=args.units_per_group, round_capacity=args.capacity, rollout_budget=args.budget,
-        generation_batch_size=args.budget // args.rounds, nominal_prompts_per_round=args.budget // (k * args.rounds),
-        target_groups=None, history_decay=args.history_decay, tau_low=args.tau_low,
-        sara_overcommit=getattr(args, "sara_overcommit", 1.5), pacing_kwargs=getattr(args, "pacing_kwargs", None),
-        filling_kwargs=getattr(args, "filling_kwargs", None))
+    given = {name: getattr(plan, name) for name in allocation_field_names() if getattr(plan, name, None) is not None}
+    given.update({field: getattr(plan, name) for name, field in PLAN_SHAPE.items()
+                  if getattr(plan, name, None) is not None})
+    k = given.get("unit_size", 4) * given.get("max_units", 2)
+    with warnings.catch_warnings():  # (one plan's settings serve every method; each reads its own)
+        warnings.simplefilter("ignore", UserWarning)
+        return AllocationConfig(**{**given, "pacing": pacing, "filling": filling or "full", "num_generations": k,
+                                   "rollout_budget": plan.budget, "num_rounds": plan.rounds,
+                                   "generation_batch_size": plan.budget // plan.rounds, "seed": plan.seed})
 
 
-def build_method(method: str, args: Any, reference: list | None = None) -> tuple[Pacer, Filler, SimpleNamespace]:
-    """(pacer, filler, settings) for a method name like 'cero', 'cero+sara', 'uniform+dynamic_sampling', each stage
-    built by its registered class (`from_config`) from `plan_settings`."""
-    settings = plan_settings(method, args)
-    context = RunContext(num_prompts=args.prompts, num_rounds=args.rounds, budget=args.budget, seed=args.seed,
-                         reference=reference)
-    pacer = method_class("pacing", settings.pacing).from_config(settings, context)
-    filler = method_class("filling", settings.filling).from_config(settings, replace(context, pacer=pacer))
-    return pacer, filler, settings
+def build_method(method: str, plan: Any, reference: list | None = None) -> tuple[Pacer, Filler, AllocationConfig]:
+    """(pacer, filler, config) of `method` over a plan's pool (`plan_config`), each stage built by its registered
+    class (`factory.build_stages`)."""
+    config = plan_config(method, plan)
+    pacer, filler = build_stages(config, plan.prompts, plan.rounds, reference=reference)
+    return pacer, filler, config
 
 
 def simulate(method: str, args: Any, reference: list | None = None, pool: DriftingPool | None = None,
@@ -98,12 +104,12 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     """Run `method` (e.g. 'cero+sara') over `args.rounds` rounds of a `DriftingPool` (`pool`, else one drawn from
     `args`); returns (summary, per-round record, the pacer's allocation log or None). `args`: plan.py's settings;
     `seed_counts`: (successes, failures) per prompt of a probe pass, for a pacer with `seed_counts` (CERO)."""
-    pacer, filler, settings = build_method(method, args, reference)
+    pacer, filler, config = build_method(method, args, reference)
     pool = pool or DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
     if seed_counts is not None:
         pacer.seed_counts(*seed_counts)
-    allocator = Allocator(pacer, filler, functools.partial(round_kwargs, settings, filler), plan={})
-    k = args.units_per_group * args.unit_size
+    allocator = Allocator(pacer, filler, functools.partial(round_kwargs, config, filler), plan={})
+    k = config.num_generations
     rec = {"spend": [], "groups": [], "effective": [], "expected_effective": [], "alloc_ms": []}
     lifts = []
     clock = [0.0]
@@ -150,4 +156,4 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     return summary, rec, getattr(pacer, "allocation_log", None)
 
 
-__all__ = ["DriftingPool", "predicted_success_bins", "plan_settings", "build_method", "simulate"]
+__all__ = ["DriftingPool", "PLAN_SHAPE", "predicted_success_bins", "plan_config", "build_method", "simulate"]

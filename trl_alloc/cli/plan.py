@@ -25,13 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import types
+import typing
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from trl_alloc.allocation.registry import method_class
-from trl_alloc.allocation.simulate import simulate
+from trl_alloc.allocation.config import allocation_field_specs
+from trl_alloc.allocation.registry import method_class, registered_hyperparameters
+from trl_alloc.allocation.simulate import plan_config, simulate
 
 
 def plot(results: dict[str, tuple[dict[str, Any], dict[str, list]]], args: argparse.Namespace, path: str) -> None:
@@ -85,7 +88,7 @@ def engine_table(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                                      args.engine_rounds, keep)
     colocate = getattr(args, "colocate", False)  # (a caller's namespace may predate --colocate)
     gpus = 1 if colocate else args.gpus_per_engine + args.train_gpus
-    overcommit = getattr(args, "sara_overcommit", 1.5)
+    overcommit = plan_config("uniform+sara", args).sara_overcommit
     print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step (+ "
           f"{getattr(args, 'step_ms_per_seq', 0.0):g} ms per "
           f"running sequence), lengths median "
@@ -115,6 +118,41 @@ def engine_table(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return rows
 
 
+PLAN_OWN = {"pacing", "filling", "pruning", "rollout_budget", "num_rounds", "max_staleness", "unit_size", "max_units",
+            "round_capacity"}  # set by the plan itself: --methods, --budget, --rounds, --engine_staleness, the shape
+
+
+def _flag_type(kind: Any) -> Any:
+    """How the command line's text becomes a value of a field of type `kind` (the declarations check the rest)."""
+    kinds = set(typing.get_args(kind)) if isinstance(kind, types.UnionType) else {kind}
+    if bool in kinds:
+        return lambda text: {"true": True, "false": False}.get(text.lower(), text)
+    if int in kinds:
+        return int
+    if float in kinds:
+        return _number_or_text
+    return str
+
+
+def _number_or_text(text: str) -> float | str:
+    """A number, or the text a field also takes (tau_low's 'auto')."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def add_allocation_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag for every allocation field the plan does not set itself (allocation/config.py: the fields
+    AllocGRPOConfig has, from the methods' declarations), unset by default: the run then has the trainer's defaults."""
+    group = parser.add_argument_group("allocation settings (AllocGRPOConfig's fields; unset: the trainer's defaults)")
+    for name, kind, spec in allocation_field_specs():
+        if name in PLAN_OWN or f"--{name}" in parser._option_string_actions:
+            continue
+        group.add_argument(f"--{name}", type=_flag_type(kind), default=None,
+                           help=f"{spec.metadata.get('help', '')} (trainer's default: {spec.default!r})")
+
+
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Clear errors for settings no plan can have (argparse's usage line, exit status 2)."""
     for name in ("prompts", "rounds", "budget", "unit_size", "units_per_group", "capacity", "engine_seqs",
@@ -129,19 +167,29 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.budget < k * args.rounds:
         parser.error(f"--budget ({args.budget} responses) is less than one group of {k} per round over --rounds "
                      f"{args.rounds} ({k * args.rounds}); raise --budget or lower --rounds.")
-    for method in [m for m in args.methods.split(",") if m]:
+    for method in [m for m in args.methods.split(",") + args.engine_methods.split(",") if m]:
         for stage, name in zip(("pacing", "filling"), method.split("+", 1)):
             try:
                 method_class(stage, name)
             except ValueError as err:
                 parser.error(f"--methods {method!r}: {err}")
-    if not args.sara_overcommit >= 1:
-        parser.error(f"--sara_overcommit must be >= 1, got {args.sara_overcommit}.")
+        try:  # the trainer's config checks every value the plan gives it
+            plan_config(method, args).check_budget(args.rounds)
+        except (TypeError, ValueError) as err:
+            parser.error(str(err))
+    for group in registered_hyperparameters().values():  # a value is checked by its declaration, whichever method
+        for h in group:                                    # reads it
+            if getattr(args, h.name, None) is not None:
+                try:
+                    h.check(getattr(args, h.name))
+                except (TypeError, ValueError) as err:
+                    parser.error(str(err))
     if not 0 < args.prune_keep <= 1:
         parser.error(f"--prune_keep must lie in (0, 1], got {args.prune_keep}.")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def make_parser() -> argparse.ArgumentParser:
+    """plan.py's flags: the plan's own (pool, budget, engine), then every allocation field (`add_allocation_flags`)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8699)
     parser.add_argument("--rounds", type=int, default=500)
@@ -149,8 +197,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--unit_size", type=int, default=4, help="g: responses per allocation unit")
     parser.add_argument("--units_per_group", type=int, default=2, help="N_max")
     parser.add_argument("--capacity", type=int, default=132, help="C: units per round")
-    parser.add_argument("--tau_low", default=0.45, type=lambda x: x if x == "auto" else float(x))
-    parser.add_argument("--history_decay", type=float, default=1.0, help="SARA prior from CERO's Beta state")
     parser.add_argument("--drift", type=float, default=1.5, help="logit drift of the pool over the run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default="uniform,cero,cero_fixed,cero_preset,cero_greedy,random_matched,"
@@ -159,12 +205,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="methods run on the engine model ('' skips it)")
     parser.add_argument("--engine_prune", default="uniform,cero+sara",
                         help="methods also run as events with pruning in the stream (random at --prune_keep)")
-    parser.add_argument("--sara_overcommit", type=float, default=1.5,
-                        help="SARA as events or a stream: admit prompts into the free window while committed + "
-                        "expected groups < this × target (the config's `sara_overcommit`; docs/choosing-settings.md)")
-    parser.add_argument("--filling_kwargs", type=json.loads, default=None,
-                        help='the filler\'s own hyperparameters as JSON, as in the config (e.g. \'{"replace_probes": '
-                        'false}\' for SARA)')
     parser.add_argument("--prune_keep", type=float, default=0.5, help="κ: share of the eligible rollouts kept")
     parser.add_argument("--detect_length", type=int, default=512, help="the detection point (tokens)")
     parser.add_argument("--engine_rounds", type=int, default=30)
@@ -189,6 +229,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--engine_staleness", default="1,2",
                         help="max_staleness values of the stream rows ('' skips them)")
     parser.add_argument("--output_dir", default="outputs/plan")
+    add_allocation_flags(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = make_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
     if args.colocate:
@@ -214,7 +260,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{name:<26}{vals}  {s['selection_lift_by_predicted_success']}")
     engine = engine_table(args)
     with open(os.path.join(args.output_dir, "plan.json"), "w") as f:
-        json.dump({"settings": vars(args), "results": {k: {"summary": s, "per_round": r}
+        json.dump({"settings": vars(args), "configs": {m: plan_config(m, args).allocation_settings() for m in
+                                                       dict.fromkeys(methods + args.engine_methods.split(",")) if m},
+                   "results": {k: {"summary": s, "per_round": r}
                                                        for k, (s, r) in results.items()}, "engine": engine}, f)
     plot(results, args, os.path.join(args.output_dir, "plan.png"))
     print(f"wrote {args.output_dir}/plan.json and plan.png")

@@ -239,8 +239,8 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     wall seconds, responses, tokens, effective groups, the learning signal of the trained groups (`learning_signal`),
     aborted / carried / stale / pruned rollouts, the engine's idle share and the staleness histograms of the trained
     rollouts (their oldest token) and tokens."""
-    pacer, filler, settings = build_method(method, args)
-    allocator = Allocator(pacer, filler, functools.partial(round_kwargs, settings, filler), plan={},
+    pacer, filler, config = build_method(method, args)
+    allocator = Allocator(pacer, filler, functools.partial(round_kwargs, config, filler), plan={},
                           round_log_path=round_log_path)
     task = SimulatedTask(args)
     train_ms, train_gpus = getattr(args, "train_ms_per_token", 0.0), max(getattr(args, "train_gpus", 1), 1)
@@ -277,7 +277,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         state = json.loads(json.dumps(allocator.state_dict(), default=json_default))
         pacer, filler, _ = build_method(method, args)
         allocator.pacer, allocator.filler = pacer, filler
-        allocator.join = functools.partial(round_kwargs, settings, filler)
+        allocator.join = functools.partial(round_kwargs, config, filler)
         allocator.load_state_dict(state, check_plan=False)
 
     detect = {"detect_at": pruning and args.detect_length, "on_detect": pruning and on_detect}
@@ -285,7 +285,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     if mode == "stream":
         engine = (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=args.seed)
         driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=args.window or None,
-                              max_staleness=getattr(args, "max_staleness", 1), **detect)
+                              max_staleness=config.max_staleness, **detect)
         loop = StreamRounds(allocator, driver, rounds, colocate)
 
         def train_and_sync():  # the trainer's step, then the weight push

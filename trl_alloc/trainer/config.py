@@ -7,7 +7,6 @@ the fields, `--help` and docstring below are generated from those declarations (
 """
 
 import dataclasses
-import json
 import numbers
 import os
 import textwrap
@@ -17,47 +16,17 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig
 
-from ..allocation.base import Filler, Pacer
-from ..allocation.registry import STAGES, method_class, method_names, registered_hyperparameters
+from ..allocation.config import (FILLINGS, PACINGS, AllocationConfig, AllocationRules,
+                                 allocation_field_names, allocation_field_specs)
+from ..allocation.registry import method_class, registered_hyperparameters
 from .rollout_mode import choose_rollout_mode
-
-# the stage names, as the registry holds them (allocation.registry)
-PACINGS, FILLINGS, PRUNINGS = method_names("pacing"), method_names("filling"), method_names("pruning")
 
 
 @dataclass
 class _RunFields(GRPOConfig):
     """The run's own fields; each method's hyperparameters come from its class (`_MethodFields`)."""
 
-    # Stages
-    pacing: str = field(default="cero", metadata={
-        "help": "Across-round stage: which prompts get a group this round. One of " + ", ".join(PACINGS) + ", or "
-        "the import path of your own registered class (docs/architecture.md#adding-a-method)."})
-    filling: str = field(default="sara", metadata={
-        "help": "Within-round stage: how each admitted prompt's responses are collected. One of "
-        + ", ".join(FILLINGS) + ", or the import path of your own registered class."})
-    pruning: str = field(default="none", metadata={
-        "help": "Within-rollout stage: 'arrol' (score partial rollouts at `detect_length` with the quality head and "
-        "prune toward correctness-balanced survivors), 'random' (prune at the same keep ratio without the head: the "
-        "paper's control) or 'none'."})
-
-    pacing_kwargs: dict | str | None = field(default=None, metadata={
-        "help": "Keyword arguments of the pacing method beyond the fields below (a method's own hyperparameters, e.g. "
-        "GRESO's `target_zero_variance`; docs/allocation.md), as a dict or a JSON object."})
-    filling_kwargs: dict | str | None = field(default=None, metadata={
-        "help": "Keyword arguments of the filling method beyond the fields below, as a dict or a JSON object."})
-
-    # Budget and rounds
-    rollout_budget: int | None = field(default=None, metadata={
-        "help": "Global budget in responses for the whole run (probes, abandoned and pruned responses included). "
-        "None = num_rounds × generation_batch_size (the responses stock GRPO would generate)."})
-    num_rounds: int | None = field(default=None, metadata={
-        "help": "Scheduler rounds K, the horizon the budget is paced over (one generation batch and `steps_per_round` "
-        "optimizer steps each). None = the rounds `max_steps` takes if set, else the steps stock GRPO would take for "
-        "`num_train_epochs` over the dataset. A `max_steps` below K × steps_per_round stops the run early."})
-    prompts_per_round: int | None = field(default=None, metadata={
-        "help": "Prompts per round for pacing='uniform'/'knapsack'. None = generation_batch_size // num_generations "
-        "(stock GRPO)."})
+    # The trainer's own (the allocation's fields, shared with the planner, are allocation/config.py's)
     success_reward_funcs: list[str] | None = field(default=None, metadata={
         "help": "Names of the reward functions whose unweighted sum is a response's success score (what the "
         "allocators count as a success). None = trl-alloc's verifiers among the reward functions (math, arithmetic, "
@@ -68,9 +37,6 @@ class _RunFields(GRPOConfig):
     no_signal_warning_rounds: int = field(default=5, metadata={
         "help": "Warn after this many rounds in a row without one mixed group (nothing is trained), naming the "
         "likely cause."})
-    allocation_seed: int | None = field(default=None, metadata={
-        "help": "Seed of the allocator's own randomness (tie-breaking permutations, epoch orders). None = `seed`."})
-
     probe_counts: str | None = field(default=None, metadata={
         "help": "CERO: start each prompt's Beta state from a probe pass's successes and failures (arXiv 2610.09679 "
         "eq. 5 applied once with them), a JSON file `scripts/arrol_study.py` writes (`probe_counts.json`, prompts "
@@ -83,10 +49,6 @@ class _RunFields(GRPOConfig):
         "loss is scaled by trained rows / generation_batch_size (at most 1), as if the rows not trained were there "
         "with zero advantage, so the step per informative token is stock GRPO's at the same learning rate "
         "(docs/benchmarks.md, the learning regime)."})
-    target_groups: int | None = field(default=None, metadata={
-        "help": "Groups a SARA / dynamic-sampling round tries to commit (B). None = the number of prompts the pacer "
-        "admitted this round."})
-
     # Rollouts (docs/architecture.md: the event-driven round)
     rollout_mode: str = field(default="auto", metadata={
         "help": "'auto': the mode measured faster for this run (trainer/rollout_mode.py: deterministic without a GPU "
@@ -96,10 +58,6 @@ class _RunFields(GRPOConfig):
         "aborted (vLLM server mode streams them; transformers generation batches what is pending). 'stream': one "
         "stream across rounds: a round closes once it has its groups or has started its budget, its unfinished "
         "rollouts go on into the next round, whose rollouts start before this one trains (docs/benchmarks.md)."})
-    max_staleness: int = field(default=2, metadata={
-        "help": "Stream mode: the most policy versions a trained token may be older than the policy that trains it; "
-        "an open group that would exceed it is dropped (its rollouts aborted and counted). Stale tokens get TRL's "
-        "vLLM importance-sampling correction (`vllm_importance_sampling_correction`)."})
     rollout_max_inflight: int | None = field(default=None, metadata={
         "help": "Events mode: most rollouts running at once. None = the generation batch (what stock TRL runs)."})
     vllm_enforce_eager: bool | None = field(default=None, metadata={
@@ -114,12 +72,11 @@ class _RunFields(GRPOConfig):
         "the trainer's (docs/choosing-settings.md)."})
 
 
-# Every registered method's hyperparameters as fields (`allocation.registry.registered_hyperparameters`): the
-# built-in methods declare theirs on their classes as a method from outside the package does (which takes its own from
-# `pacing_kwargs` / `filling_kwargs`), and `TrlParser` makes each a `--name` flag.
-_MethodFields = dataclasses.make_dataclass("_MethodFields", [
-    (h.name, h.type, field(default=h.default, metadata={"help": h.help}))
-    for group in registered_hyperparameters().values() for h in group], bases=(_RunFields,))
+# The allocation's fields (allocation/config.py: the stages, budget and rounds, and every registered method's
+# hyperparameters, declared on its class as a method from outside the package declares its own), shared with the
+# planner's `AllocationConfig`; `TrlParser` makes each a `--name` flag.
+_MethodFields = dataclasses.make_dataclass("_MethodFields", allocation_field_specs(),
+                                           bases=(_RunFields, AllocationRules))
 _MethodFields.__module__ = __name__
 
 
@@ -229,94 +186,17 @@ class AllocGRPOConfig(_MethodFields):
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"`{name}` must be a number, got {value!r} ({type(value).__name__}).")
 
-    def _take_method_settings(self):
-        """Each chosen method's hyperparameters (`hyperparameters` on its class), checked by their declarations. A
-        `<stage>_kwargs` key names one of the method's own: it sets the config field of that name where one exists
-        (a registered method's), else it stays in `<stage>_kwargs`, with the defaults of those not given."""
-        fields = {f.name for f in dataclasses.fields(self)}
-        methods_own = {h.name for group in registered_hyperparameters().values() for h in group}
-        for stage in STAGES:
-            cls = method_class(stage, getattr(self, stage))  # an unknown name lists the registered ones
-            declared = {h.name: h for h in getattr(cls, "hyperparameters", ())}
-            clash = sorted(set(declared) & fields - methods_own)
-            if clash:
-                raise ValueError(f"{stage}={getattr(self, stage)!r} declares the hyperparameter(s) {clash}, which are "
-                                 "the config's own fields; give them other names.")
-            if stage == "pruning":
-                kwargs = {}
-            else:
-                kwargs = _as_kwargs(f"{stage}_kwargs", getattr(self, f"{stage}_kwargs"))
-                unknown = sorted(set(kwargs) - set(declared))
-                if unknown:
-                    raise ValueError(f"`{stage}_kwargs` has {unknown}, which {stage}={getattr(self, stage)!r} does "
-                                     f"not take; it takes {', '.join(declared) if declared else 'none'}.")
-            for name, h in declared.items():
-                if name in fields:
-                    setattr(self, name, h.check(kwargs.pop(name) if name in kwargs else getattr(self, name)))
-                else:
-                    kwargs[name] = h.check(kwargs.get(name, h.default))
-            if stage != "pruning":
-                setattr(self, f"{stage}_kwargs", kwargs)
-        chosen = {h.name for cls in self.method_classes for h in cls.hyperparameters}
-        unread = [f"{h.name}={getattr(self, h.name)!r} ({label})"
-                  for label, group in registered_hyperparameters().items()
-                  for h in group if h.name not in chosen and getattr(self, h.name) != h.default]
-        if unread:
-            warnings.warn(f"{', '.join(unread)} set, but the chosen methods (pacing={self.pacing!r}, filling="
-                          f"{self.filling!r}, pruning={self.pruning!r}) do not read them: they have no effect.",
-                          UserWarning, stacklevel=4)
-
-    @property
-    def method_classes(self) -> list[type]:
-        """The classes `pacing`, `filling` and `pruning` name (pruning='none': none)."""
-        return [c for c in (method_class(stage, getattr(self, stage)) for stage in STAGES) if c is not None]
-
     @property
     def steps_per_round(self) -> int:
         """Optimizer steps per round: steps_per_generation / gradient_accumulation_steps × num_iterations."""
         return self.steps_per_generation // self.gradient_accumulation_steps * self.num_iterations
 
-    # -- derived quantities (the trainer calls these once it knows the dataset) ------------------
-    @property
-    def nominal_prompts_per_round(self) -> int:
-        """Prompts per round of stock GRPO (and of pacing='uniform' by default)."""
-        return self.prompts_per_round or max(1, self.generation_batch_size // self.num_generations)
-
-    @property
-    def pacer_class(self) -> type[Pacer]:
-        """The class `pacing` names (allocation.registry)."""
-        return method_class("pacing", self.pacing)
-
-    @property
-    def filler_class(self) -> type[Filler]:
-        """The class `filling` names (allocation.registry)."""
-        return method_class("filling", self.filling)
-
-    def budget_for(self, num_rounds: int) -> int:
-        """The global response budget of a run of `num_rounds` rounds (`rollout_budget`, else the pacer's default)."""
-        if self.rollout_budget is not None:
-            return int(self.rollout_budget)
-        return self.pacer_class.budget_for(self, num_rounds)
-
-    def max_round_responses(self, num_rounds: int) -> int | None:
-        """Most responses one round can spend, or None when unbounded by the config alone."""
-        return self.pacer_class.max_round_responses(self, num_rounds, self.filler_class)
-
-    def check_budget(self, num_rounds: int) -> None:
-        """Reject a budget the run cannot spend in `num_rounds` rounds."""
-        if int(num_rounds) < 1:
-            raise ValueError(f"`num_rounds` must be >= 1, got {num_rounds}.")
-        budget, per_round = self.budget_for(num_rounds), self.max_round_responses(num_rounds)
-        smallest = self.filler_class.smallest_group(self)  # one group's responses
-        if budget < smallest:
-            raise ValueError(f"`rollout_budget` ({budget} responses) is smaller than one group ({smallest} responses: "
-                             f"num_generations={self.num_generations}, commit_min={self.commit_min}, filling="
-                             f"{self.filling!r}): nothing could ever be trained; raise `rollout_budget`.")
-        if per_round is not None and budget > num_rounds * per_round:
-            raise ValueError(
-                f"`rollout_budget` ({budget} responses) exceeds what {num_rounds} rounds can spend "
-                f"({num_rounds} × {per_round} responses per round); lower `rollout_budget` or raise `num_rounds`"
-                + f" / `{self.pacer_class.round_limit_field}`.")
+    def allocation_config(self) -> AllocationConfig:
+        """This config's allocation fields, and the `GRPOConfig` fields the methods read, as the torch-free
+        `AllocationConfig` the planner runs."""
+        extra = {f.name: getattr(self, f.name) for f in dataclasses.fields(AllocationConfig)
+                 if f.name not in allocation_field_names()}
+        return AllocationConfig(**self.allocation_settings(), **extra)
 
 
 # The `Parameters:` block of the configs' docstrings, grouped as GRPOConfig's is, rendered from the fields' `help`
@@ -384,21 +264,6 @@ class AllocDAPOConfig(AllocGRPOConfig):
 AllocDAPOConfig.__doc__ += parameters_doc(AllocDAPOConfig, {  # the rest: AllocGRPOConfig's
     "DAPO's defaults (arXiv 2503.14476)": ("pacing", "filling", "epsilon", "epsilon_high", "loss_type",
                                            "overlong_buffer")})
-
-
-def _as_kwargs(name, value):
-    """A `*_kwargs` field as a dict (the command line and YAML may give a JSON string)."""
-    if value is None or value == "":
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"`{name}` must be a JSON object, e.g. '{{\"target_zero_variance\": 0.25}}'; got "
-                             f"{value!r} ({err}).") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"`{name}` must be a dict (or a JSON object), got {value!r}.")
-    return dict(value)
 
 
 def _check_choice(name, value, choices):

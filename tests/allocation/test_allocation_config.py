@@ -1,0 +1,80 @@
+"""One config: the planner runs the trainer's defaults. `AllocationConfig` (allocation/config.py, torch-free) and
+`AllocGRPOConfig` are built from one list of fields, and `scripts/plan.py` with no flags builds, for every method it
+plans, the config a training run with no flags would have, field by field."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from trl_alloc.allocation.config import AllocationConfig, allocation_field_names
+from trl_alloc.allocation.simulate import PLAN_SHAPE, plan_config
+from trl_alloc.cli.plan import PLAN_OWN, make_parser
+from trl_alloc.trainer.config import AllocGRPOConfig
+
+
+def trainer_config(tmp_path, **kw):
+    return AllocGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **kw)
+
+
+def test_the_allocation_config_has_the_trainers_defaults_field_by_field(tmp_path):
+    ours, trainers = AllocationConfig(), trainer_config(tmp_path).allocation_config()
+    names = [f.name for f in dataclasses.fields(AllocationConfig)]
+    assert set(allocation_field_names()) <= set(names) and len(names) > 50
+    for name in names:
+        assert getattr(ours, name) == getattr(trainers, name), name
+    # the trainer's config has every allocation field, with the same help text
+    fields = {f.name: f for f in dataclasses.fields(AllocGRPOConfig)}
+    for f in dataclasses.fields(AllocationConfig):
+        if f.name in allocation_field_names():
+            assert fields[f.name].metadata["help"] == f.metadata["help"] and fields[f.name].default == f.default
+
+
+@pytest.mark.parametrize("method", ["uniform", "cero", "cero+sara", "uniform+sara", "uniform+dynamic_sampling",
+                                    "knapsack", "greso+dynamic_sampling"])
+def test_a_plan_with_no_flags_runs_what_a_training_run_with_no_flags_would(tmp_path, method):
+    """Every allocation field the planner sets is the plan's own (its methods, budget, rounds, group shape) or the
+    trainer's default for that method."""
+    plan = make_parser().parse_args([])
+    config = plan_config(method, plan)
+    pacing, _, filling = method.partition("+")
+    k = plan.unit_size * plan.units_per_group
+    trainer = trainer_config(tmp_path, pacing=pacing, filling=filling or "full", num_generations=k,
+                             per_device_train_batch_size=plan.budget // plan.rounds, seed=plan.seed,
+                             rollout_budget=plan.budget, num_rounds=plan.rounds, round_capacity=plan.capacity)
+    own = PLAN_OWN | set(PLAN_SHAPE.values())
+    compared = 0
+    for name in allocation_field_names():
+        if name not in own:
+            assert getattr(config, name) == getattr(trainer, name), name
+            compared += 1
+    assert compared >= 45  # (every registered hyperparameter but CERO's shape, and the run's own fields)
+    assert config.history_decay == trainer.history_decay == 0.5 and config.max_staleness == trainer.max_staleness
+    assert (config.num_generations, config.generation_batch_size) == (trainer.num_generations,
+                                                                      trainer.generation_batch_size)
+
+
+def test_a_flag_reaches_the_config_and_a_bad_value_is_refused_as_the_trainer_refuses_it(capsys):
+    plan = make_parser().parse_args(["--history_decay", "1.0", "--tau_low", "auto", "--filling_kwargs",
+                                     '{"replace_probes": false}', "--sara_overcommit", "3"])
+    config = plan_config("cero+sara", plan)
+    assert (config.history_decay, config.tau_low, config.replace_probes, config.sara_overcommit) == (1.0, "auto",
+                                                                                                     False, 3.0)
+    from trl_alloc.cli.plan import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--sara_overcommit", "0.5", "--engine_methods", ""])
+    assert exit_info.value.code == 2 and "`sara_overcommit` must be >= 1, got 0.5." in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("first", ["trl_alloc.allocation.simulate", "trl_alloc.allocation.registry",
+                                   "trl_alloc.allocation.sara"])
+def test_the_fields_are_complete_whichever_module_is_imported_first(first):
+    """The config asks the registry for every method while it is imported; the registry imports them all first."""
+    code = (f"import {first}, importlib; from trl_alloc.allocation.registry import method_names; "
+            "method_names('pacing'); c = importlib.import_module('trl_alloc.allocation.config').AllocationConfig(); "
+            "print(c.tau_low, c.history_decay, c.round_capacity, c.keep_ratio)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0.45", "0.5", "None", str(AllocationConfig().keep_ratio)]
