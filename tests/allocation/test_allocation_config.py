@@ -78,3 +78,18 @@ def test_the_fields_are_complete_whichever_module_is_imported_first(first):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["0.45", "0.5", "None", str(AllocationConfig().keep_ratio)]
+
+
+def test_pruning_is_built_from_the_config_as_the_other_stages_are():
+    """ARROL's decision rule comes from its declared hyperparameters through `from_config`, as every method's does;
+    whether a run prunes is asked of the config, never by the method's name."""
+    from trl_alloc.allocation.base import RunContext
+    from trl_alloc.allocation.registry import method_class
+
+    config = AllocationConfig(pruning="arrol", survival_slope=0.3, survival_min=0.2, keep_ratio=0.4,
+                              pruning_min_auc=0.0, cold_start_rounds=3, calibration_bins=7)
+    policy = method_class("pruning", "arrol").from_config(config, RunContext(num_prompts=0, num_rounds=0, budget=0,
+                                                                             seed=5))
+    assert policy.survival == dict(keep_ratio=0.4, target_ratio=0.5, slope=0.3, p_min=0.2, p_max=0.9)
+    assert policy.cold_start_rounds == 3 and not policy.gate.enabled and policy.calibrator.num_bins == 7
+    assert config.prunes and not AllocationConfig().prunes

@@ -16,7 +16,7 @@ from scipy.special import expit
 from scipy.stats import norm, rankdata
 
 from ._checks import check_finite, check_int, check_open_unit
-from .base import ConfiguredMethod
+from .base import ConfiguredMethod, RunContext
 from .hyperparameters import Hyperparameter, at_least, positive, within
 from .registry import register
 
@@ -383,6 +383,18 @@ class ARROLPruning(ConfiguredMethod):
                              "reaches detect_length and survivors continue up to max_completion_length. Lower "
                              "`detect_length` (ARROL arXiv 2603.24840: 512 for long reasoning; a few tokens for tiny "
                              "models) or set pruning='none'.")
+
+    @classmethod
+    def from_config(cls, args: Any, context: RunContext) -> ARROLPruning:
+        """The decision rule the config's hyperparameters give (the quality head itself is the trainer's:
+        trl_alloc/rollout/pruning.py), seeded with the allocation seed."""
+        own = cls.settings(args)
+        return cls(keep_ratio=own["keep_ratio"], target_ratio=own["target_ratio"], slope=own["survival_slope"],
+                   p_min=own["survival_min"], p_max=own["survival_max"], cold_start_rounds=own["cold_start_rounds"],
+                   calibration_bins=own["calibration_bins"], calibration_buffer=own["calibration_buffer"],
+                   calibration_alpha=own["calibration_alpha"], min_auc=own["pruning_min_auc"],
+                   heldout_fraction=own["pruning_heldout_fraction"], gate_window=own["pruning_gate_window"],
+                   seed=context.seed)
 
     def __init__(self, keep_ratio: float = 0.5, target_ratio: float = 0.5, slope: float = 0.5, p_min: float = 0.1,
                  p_max: float = 0.9, cold_start_rounds: int = 20, calibration_bins: int = 10,

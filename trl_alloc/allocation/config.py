@@ -120,6 +120,11 @@ class AllocationRules:
         return [c for c in (method_class(stage, getattr(self, stage)) for stage in STAGES) if c is not None]
 
     @property
+    def prunes(self) -> bool:
+        """A pruning method is chosen (pruning='none' registers no class)."""
+        return method_class("pruning", self.pruning) is not None
+
+    @property
     def nominal_prompts_per_round(self) -> int:
         """Prompts per round of stock GRPO (and of pacing='uniform' by default)."""
         return self.prompts_per_round or max(1, self.generation_batch_size // self.num_generations)

@@ -32,13 +32,14 @@ def effective_probability(n: ArrayLike, s: ArrayLike, k: ArrayLike, prior: tuple
     """
     n, s, k = (np.asarray(x, dtype=float) for x in (n, s, k))
     f = n - s if failures is None else np.asarray(failures, dtype=float)
-    if np.any(s < 0) or np.any(f < 0) or np.any(s + f > n) or np.any(n > k):
+    if not np.all((s >= 0) & (f >= 0) & (s + f <= n) & (n <= k)):
         raise ValueError("`effective_probability` needs 0 <= s <= n <= k (and 0 <= s + failures <= n).")
     a = np.asarray(prior[0], float) + s
     b = np.asarray(prior[1], float) + f
     r = k - n
-    all_fail = np.exp(betaln(a, b + r) - betaln(a, b))
-    all_pass = np.exp(betaln(a + r, b) - betaln(a, b))
+    log_norm = betaln(a, b)
+    all_fail = np.exp(betaln(a, b + r) - log_norm)
+    all_pass = np.exp(betaln(a + r, b) - log_norm)
     p = 1.0 - np.where(s == 0, all_fail, 0.0) - np.where(f == 0, all_pass, 0.0)
     return np.where((s >= 1) & (f >= 1), 1.0, np.clip(p, 0.0, 1.0))
 

@@ -154,7 +154,7 @@ def run_rounds(method: str, config: AllocGRPOConfig, backend: ServerBackend | Co
         return _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, train_s, hidden_size)
     events = mode == "events"
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
-    pruner = None if config.pruning == "none" else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
+    pruner = None if not config.prunes else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
     allocator = Allocator.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
     window = config.rollout_max_inflight or config.generation_batch_size
     per_round, snapshots, head_state = [], [], None
@@ -211,7 +211,7 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
     colocate engine, which idles meanwhile, after it; and each round waits for its groups). With pruning, ARROL in
     the stream: the head (trained at each close) is re-sent to the engine after each push."""
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
-    pruner = None if config.pruning == "none" else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
+    pruner = None if not config.prunes else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
     allocator = Allocator.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
     window = config.rollout_max_inflight or config.generation_batch_size
     rollouts = backend.rollouts(config, window, None if pruner is None else pruner.head)

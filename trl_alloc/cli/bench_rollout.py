@@ -85,8 +85,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calibrate", action="store_true",
                    help="fit the server's decode-step time to the running rollouts, then print the engine model's "
                    "predicted s/round next to each method's measured one")
-    p.add_argument("--max_staleness", type=int, default=2, help="stream methods: rollout_mode='stream''s bound")
-    p.add_argument("--sara_overcommit", type=float, default=1.5, help="SARA methods: the config's `sara_overcommit`")
+    p.add_argument("--max_staleness", type=int, default=None,
+                   help="stream methods: rollout_mode='stream''s bound (default: the config's)")
+    p.add_argument("--sara_overcommit", type=float, default=None,
+                   help="SARA methods: the config's `sara_overcommit` (default: the config's)")
     p.add_argument("--output_dir", default="bench_rollout")
     args = p.parse_args(argv)
     args.methods = parse_choices(p, args.methods, ROLLOUT_METHODS, "method")
@@ -110,7 +112,8 @@ def method_config(method: str, args: argparse.Namespace, out: str) -> AllocGRPOC
                            rollout_max_inflight=args.max_inflight, seed=args.seed, use_cpu=True, report_to=[],
                            max_generation_batches=10, tau_low=0.45, history_decay=None,
                            detect_length=args.detect_length, cold_start_rounds=args.cold_start, head_hidden_size=64,
-                           max_staleness=args.max_staleness, sara_overcommit=args.sara_overcommit, **fields)
+                           **{name: getattr(args, name) for name in ("max_staleness", "sara_overcommit")
+                              if getattr(args, name) is not None}, **fields)
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:

@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from ..allocation.allocator import Allocator
     from ..allocation.event_rounds import BatchedEventRound, EventRound
@@ -267,7 +269,8 @@ class StreamDriver(RoundDriver):
     def _versioned(self, row):
         """`row` with its `staleness` and `token_staleness` (module docstring: Versions)."""
         marks, now, v0 = self.marks.get(row["rid"], ()), self.version, self.started_at[row["rid"]]
-        per_token = [now - v0 - sum(m <= i for m in marks) for i in range(len(row.get("completion_ids", ())))]
+        tokens = np.arange(len(row.get("completion_ids", ())))  # token i is older by the pushes at marks <= i
+        per_token = (now - v0 - np.searchsorted(np.sort(np.asarray(marks, np.int64)), tokens, side="right")).tolist()
         return dict(row, staleness=now - v0 - sum(m == 0 for m in marks), token_staleness=per_token)
 
     def poll(self) -> list[Rollout] | None:
@@ -344,7 +347,9 @@ class StreamDriver(RoundDriver):
                 self._orphans[rid] = rnd
                 self.stale_aborted += int(self.live[rid] in expire)
         self.trained = [self._versioned(row) for pid in rnd.groups for row in self.held.get(int(pid), ())]
-        self.token_staleness = collections.Counter(s for row in self.trained for s in row["token_staleness"])
+        self.token_staleness = collections.Counter()
+        for row in self.trained:
+            self.token_staleness.update(row["token_staleness"])
         self.held = {pid: rows for pid, rows in self.held.items() if pid in carried}
         self.group_version = {pid: v for pid, v in self.group_version.items() if pid in carried}
         self.carried = sum(state["live"] for state in self.carry.values())

@@ -269,8 +269,12 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         total["effective_groups"] += summary["stats"]["effective_groups"]
         total["signal"] += learning_signal(trained)
         total["staleness"].update(r.get("staleness", 0) for r in trained)
-        total["token_staleness"].update(s for r in trained if not (r["pruned"] or r["aborted"])
-                                        for s in r.get("token_staleness") or [0] * len(r["completion_ids"]))
+        for r in trained:
+            if not (r["pruned"] or r["aborted"]):
+                if r.get("token_staleness"):
+                    total["token_staleness"].update(r["token_staleness"])
+                elif r["completion_ids"]:
+                    total["token_staleness"][0] += len(r["completion_ids"])
         return tokens * train_ms / 1e3 / train_gpus
 
     def resume(allocator):  # a fresh pacer and filler from the config, the checkpoint's state loaded into them

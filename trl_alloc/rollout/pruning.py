@@ -44,6 +44,7 @@ import torch
 from accelerate.utils import gather_object
 
 from ..allocation.arrol import accuracy, binary_auc
+from ..allocation.base import RunContext
 from ..allocation.registry import method_class
 
 if TYPE_CHECKING:
@@ -67,12 +68,7 @@ class RolloutPruner:
         self.detect_length = int(args.detect_length)
         self.prune_undecided = bool(args.prune_undecided)
         self.max_completion_length = int(args.max_completion_length)
-        self.policy = policy(
-            keep_ratio=args.keep_ratio, target_ratio=args.target_ratio, slope=args.survival_slope,
-            p_min=args.survival_min, p_max=args.survival_max, cold_start_rounds=args.cold_start_rounds,
-            calibration_bins=args.calibration_bins, calibration_buffer=args.calibration_buffer,
-            calibration_alpha=args.calibration_alpha, min_auc=args.pruning_min_auc,
-            heldout_fraction=args.pruning_heldout_fraction, gate_window=args.pruning_gate_window, seed=seed)
+        self.policy = policy.from_config(args, RunContext(num_prompts=0, num_rounds=0, budget=0, seed=seed))
         self.totals = {"eligible": 0, "pruned": 0, "tokens_saved": 0.0}
         self.head = self.optimizer = None
         self._gate_said = None  # the gate's last state told the user (None: nothing said yet)

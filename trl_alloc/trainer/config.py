@@ -138,7 +138,7 @@ class AllocGRPOConfig(_MethodFields):
         if int(self.max_staleness) < 1:
             raise ValueError(f"`max_staleness` must be >= 1, got {self.max_staleness}: a stream's rollouts started "
                              "while a round trains are one version old (rollout_mode='events' stays on-policy).")
-        if self.rollout_mode == "stream" and self.pruning != "none" and not self.use_vllm:
+        if self.rollout_mode == "stream" and self.prunes and not self.use_vllm:
             raise ValueError(f"rollout_mode='stream' prunes (pruning={self.pruning!r}) inside a vLLM engine, at the "
                              "detection point; without vLLM use rollout_mode='events' or 'deterministic' (two-phase "
                              "pruning), or --use_vllm.")
@@ -165,7 +165,7 @@ class AllocGRPOConfig(_MethodFields):
 
     def _check_colocate_rollouts(self):
         """Events and stream on TRL's colocate engine (`rollout.colocate`): what is not built or cannot hold."""
-        if self.world_size > 1 and self.pruning != "none":
+        if self.world_size > 1 and self.prunes:
             raise ValueError(f"pruning={self.pruning!r} inside the rollouts (rollout_mode={self.rollout_mode!r}) with "
                              f"vllm_mode='colocate' runs on one process for now; with {self.world_size} processes use "
                              "rollout_mode='deterministic' (two-phase pruning) or vllm_mode='server'.")

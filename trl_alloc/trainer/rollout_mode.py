@@ -39,7 +39,7 @@ def choose_rollout_mode(args: AllocGRPOConfig, cuda: bool) -> tuple[str, str]:
                                  "rollout costs more than event-driven filling saves")
     if args.vllm_mode == "colocate" and not method_class("filling", args.filling).adaptive:
         return "deterministic", "colocate with full groups: one generation call either way, nothing to overlap"
-    if args.vllm_mode == "colocate" and args.pruning != "none" and args.world_size > 1:
+    if args.vllm_mode == "colocate" and args.prunes and args.world_size > 1:
         return "deterministic", "pruning inside a colocate engine runs on one process for now (two-phase pruning here)"
     if args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode:
         return "events", "colocate with sleep mode: a stream's carried rollouts would lose their KV cache"
