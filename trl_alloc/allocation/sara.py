@@ -263,9 +263,10 @@ class SARARound(EventRound):
         self.active = {}   # prompt id -> [stream position, started, ended, successes, failures], in admission order
         self.want = {}     # prompt id -> rollouts to start as soon as the window has room, in priority order
         self.touched = set()  # prompts with a rollout ended since they were last decided
+        self._p = {}  # prompt id -> p_eff (eq. 2) at its (n, s, f), which change only when one of its rollouts ends
         self.decided_at, self.abandon_p = [], []
         self._adopt_carry(carry)
-        pids, p, _ = self._decide()  # a carried unmixed prompt with fewer than n0 running gets one more
+        pids, p = self._p_eff()  # a carried unmixed prompt with fewer than n0 running gets one more
         self._advance(dict(zip(pids, p.tolist())), {pid for pid in pids if self.live[pid] < filler.probe})
 
     def _adopt(self, pid, state):
@@ -277,15 +278,31 @@ class SARARound(EventRound):
                       "b": float(self.prior_b[pos]), "need": self.filler.k - started}
                 for pid, (pos, started, n, s, fail) in ((int(p), [int(x) for x in v]) for p, v in self.active.items())}
 
-    def _decide(self):
-        """eq. 3 for every active prompt, in admission order: (prompt ids, p_eff, verdicts)."""
-        pids = list(self.active)
+    def _state(self, pids):
+        """(stream positions, ended n, successes s, failures f) of `pids`, as arrays."""
+        pos, _, n, s, fail = np.asarray([self.active[pid] for pid in pids], np.int64).reshape(-1, 5).T
+        return pos, n, s, fail
+
+    def _decide(self, pids):
+        """eq. 3 for `pids` (active, in admission order): (p_eff, verdicts); their p_eff is kept for `_p_eff`."""
         if not pids:
-            return pids, np.zeros(0), np.zeros(0, np.int64)
-        pos, _, n, s, fail = np.asarray(list(self.active.values()), np.int64).reshape(-1, 5).T
+            return np.zeros(0), np.zeros(0, np.int64)
+        pos, n, s, fail = self._state(pids)
         verdict, p = decide(n, s, self.filler.k, self.filler.threshold(n), self.filler.commit_min,
                             (self.prior_a[pos], self.prior_b[pos]), fail)
-        return pids, p, verdict
+        self._p.update(zip(pids, p.tolist()))
+        return p, verdict
+
+    def _p_eff(self):
+        """Every active prompt's p_eff (eq. 2), in admission order: (prompt ids, p_eff). Computed again only for
+        the prompts a rollout of which ended since (nothing else changes a prompt's)."""
+        pids = list(self.active)
+        stale = [pid for pid in pids if pid not in self._p]
+        if stale:
+            pos, n, s, fail = self._state(stale)
+            p = effective_probability(n, s, self.filler.k, (self.prior_a[pos], self.prior_b[pos]), fail)
+            self._p.update(zip(stale, p.tolist()))
+        return pids, np.array([self._p[pid] for pid in pids], float)
 
     def _on_rollout(self, pid, observed):
         a = self.active.get(pid)
@@ -295,30 +312,31 @@ class SARARound(EventRound):
         if observed is not None:
             a[3 if observed else 4] += 1
         self.touched.add(pid)
+        self._p.pop(pid, None)
 
     def _settle(self):
         if self._closed or not self.touched:
             return
-        pids, p, verdict = self._decide()
-        now = [j for j, pid in enumerate(pids) if pid in self.touched]
+        now = [pid for pid in self.active if pid in self.touched]  # in admission order
         self.touched.clear()
-        for j in now:
-            if verdict[j] == COMMIT:
+        p, verdict = self._decide(now)
+        for pid, v in zip(now, verdict):
+            if v == COMMIT:
                 within = len(self.groups) < self.target  # (a commit past the target is dropped, not counted)
                 if within:
-                    self.groups.append(pids[j])
+                    self.groups.append(pid)
                     self.effective += 1
-                self._decided(pids[j], within)
-        for j in now:
-            if verdict[j] == ABANDON:
-                self.abandoned.append(pids[j])
-                self.abandon_p.append(float(p[j]))
-                self._decided(pids[j])
-                self._cancel(pids[j])
+                self._decided(pid, within)
+        for pid, v, p_pid in zip(now, verdict, p):
+            if v == ABANDON:
+                self.abandoned.append(pid)
+                self.abandon_p.append(float(p_pid))
+                self._decided(pid)
+                self._cancel(pid)
         if len(self.groups) >= self.target:
             return self._close()
-        self._advance({pid: float(p[j]) for j, pid in enumerate(pids) if pid in self.active},
-                      {pids[j] for j in now})
+        pids, p_all = self._p_eff()
+        self._advance(dict(zip(pids, p_all.tolist())), set(now))
 
     def _advance(self, p_eff, decided=()):
         """Line 11: each continuing prompt's want, in priority order (mixed first, then by p_eff). The rest of its
@@ -390,12 +408,13 @@ class SARARound(EventRound):
     def _expected(self):
         """Groups the active prompts are expected to commit (the sum of their p_eff, eq. 2), and the rollouts
         they are expected to still start (k − started, weighted by p_eff)."""
-        _, p, _ = self._decide()
+        _, p = self._p_eff()
         started = np.asarray([a[1] for a in self.active.values()], np.int64)
         return float(p.sum()), float(np.sum(p * (self.filler.k - started)))
 
     def _decided(self, pid, counted=True):
         ended = self.active.pop(pid)[2]
+        self._p.pop(pid, None)
         if counted:
             self.decided_at.append(int(ended))
         self.want.pop(pid, None)
