@@ -350,6 +350,28 @@ def quoted(proc):
     return block.split("\n\nThe above exception was the direct cause", 1)[0].strip()
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max_staleness", "abc", "argument --max_staleness/--max-staleness: invalid int value: 'abc'"),
+    ("--replace_probes", "maybe", "argument --replace_probes/--replace-probes: Truthy value expected: got maybe"),
+])
+def test_a_mistyped_flag_value_under_plain_accelerate_launch_ends_with_one_line_naming_it(tmp_path, flag, value,
+                                                                                          message):
+    """argparse would print the usage of every flag (about 230 lines) and exit, leaving accelerate nothing to quote:
+    now the usage of that flag alone, then the refusal naming the flag and the value, quoted by accelerate."""
+    proc = accelerate_launch(ROOT / "scripts" / "train.py", "--config", ROOT / "configs" / "tiny_cpu.yaml",
+                             "--output_dir", tmp_path / "o", flag, value)
+    assert proc.returncode == 1  # accelerate's (train.py's own: 3, refused)
+    said = quoted(proc)
+    assert said.startswith(f"[trl-alloc] the run was refused: {message}") and "\n" not in said, said[:3000]
+    assert said.endswith("(`python scripts/train.py --help` lists every flag)")
+    assert proc.stdout.strip().splitlines()[-1] == said
+    assert proc.stdout.count("usage:") == 1 and f"usage: train.py ... {flag} " in proc.stdout
+    assert "--per_device_train_batch_size" not in proc.stdout  # not the whole usage
+    direct = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), flag, value], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert direct.returncode == 3 and direct.stdout.strip().splitlines()[-1] == said
+
+
 @pytest.mark.parametrize("case", ["refused", "nothing_trained"])
 @pytest.mark.timeout(660)
 def test_plain_accelerate_launch_quotes_our_message(tmp_path, case):

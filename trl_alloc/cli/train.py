@@ -8,12 +8,14 @@ model for the built-in task; `smollm2-135m-instruct` (trl_alloc.tasks.models) co
 SmolLM2 once; nothing is downloaded.
 """
 
+import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from trl_alloc.cli.launch import finish, keep_stderr_for_the_last_message
 
@@ -126,6 +128,31 @@ def resume_argument(value: str | bool | None) -> str | bool | None:
 EXIT_NOTHING_TRAINED, EXIT_REFUSED = 2, 3
 
 
+class FlagError(ValueError):
+    """A command-line value argparse refused (`--max_staleness abc`): its message, and the usage of that flag alone
+    (argparse would print the usage of all ~230 flags, then exit before the run could say anything)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        flags = re.findall(r"--[\w-]+", message)
+        action = next((parser._option_string_actions[f] for f in flags if f in parser._option_string_actions), None)
+        if action is None:
+            self.usage = f"usage: {parser.prog} [flags]; `--help` lists them"
+        else:
+            value = action.metavar or (action.dest.upper() if action.nargs != 0 else "")
+            self.usage = f"usage: {parser.prog} ... {action.option_strings[0]} {value}".rstrip()
+            if action.help:
+                self.usage += "\n  " + (action.help % vars(action) if "%(" in action.help else action.help)
+
+
+def refuse_flags_clearly(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`parser` raising `FlagError` for a bad flag or value instead of printing its whole usage and exiting."""
+    def error(message: str) -> NoReturn:
+        raise FlagError(parser, message)
+    parser.error = error
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Exit status: 0 trained, 1 failed, 2 nothing was trained (everything saved), 3 the run was refused (bad input or
     settings). The main process's message (what is wrong, then the fix) is the last line on stdout and on stderr, the
@@ -137,6 +164,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         return _main(argv)
+    except FlagError as exc:  # a typo: the flag's usage, then one line naming the flag and the value
+        print(exc.usage, flush=True)
+        finish(f"[trl-alloc] the run was refused: {exc} (`python scripts/train.py --help` lists every flag)",
+               EXIT_REFUSED)
+        sys.exit(EXIT_REFUSED)
     except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError, TRLCompatibilityError) as exc:
         if os.environ.get("RANK", "0") == "0":
             traceback.print_exc()
@@ -158,7 +190,7 @@ def _main(argv=None):
 
     argv = sys.argv[1:] if argv is None else list(argv)
     config_class = pick_config_class(argv)
-    parser = TrlParser((ScriptArguments, config_class, ModelConfig))
+    parser = refuse_flags_clearly(TrlParser((ScriptArguments, config_class, ModelConfig)))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     for name in ("eval_every", "eval_every_responses"):
         if getattr(script_args, name) < 0:
