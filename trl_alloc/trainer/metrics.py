@@ -11,6 +11,8 @@ from .trl_compat import completion_log, take_pending_metrics, train_metrics
 # Round.stats() keys every filler reports; the rest are the filler's own (logged as alloc/<filling>/<key>)
 BASE_STATS = ("responses", "groups", "effective_groups", "abandoned", "generation_calls", "pruned", "unscored",
               "aborted")
+# a stream round's own figures (trainer/event_modes.py), logged as alloc/<key>
+STREAM_ENTRY_KEYS = ("carried", "stale_aborted", "in_flight", "staleness_mean", "staleness_max", "stale_token_share")
 CALLS_NOTE_ROUNDS = 3  # rounds averaged before the note on generation calls (transformers generation only)
 CALLS_NOTE_ABOVE = 1.5  # mean generation calls a round above which it is printed (full groups take 1)
 
@@ -80,8 +82,7 @@ class RoundMetricsMixin:
         if "aborted" in stats:  # event mode
             m["alloc/responses_aborted"].append(float(stats["aborted"]))
             m["alloc/engine_wait_s"].append(float(entry.get("engine_wait_s", 0.0)))
-        for key in ("carried", "stale_aborted", "in_flight", "staleness_mean", "staleness_max",  # stream mode
-                    "stale_token_share"):
+        for key in STREAM_ENTRY_KEYS:
             if key in entry:
                 m[f"alloc/{key}"].append(float(entry[key]))
         for key, value in self.round_state.sampling.items():  # TRL's names
