@@ -10,7 +10,7 @@ import pytest
 
 from trl_alloc.allocation.config import AllocationConfig, allocation_field_names
 from trl_alloc.allocation.simulate import PLAN_SHAPE, plan_config
-from trl_alloc.cli.plan import PLAN_OWN, make_parser
+from trl_alloc.cli.plan import PLAN_OWN, make_parser, paper_shape
 from trl_alloc.trainer.config import AllocGRPOConfig
 
 
@@ -36,7 +36,7 @@ def test_the_allocation_config_has_the_trainers_defaults_field_by_field(tmp_path
 def test_a_plan_with_no_flags_runs_what_a_training_run_with_no_flags_would(tmp_path, method):
     """Every allocation field the planner sets is the plan's own (its methods, budget, rounds, group shape) or the
     trainer's default for that method."""
-    plan = make_parser().parse_args([])
+    plan = paper_shape(make_parser().parse_args([]))
     config = plan_config(method, plan)
     pacing, _, filling = method.partition("+")
     k = plan.unit_size * plan.units_per_group
@@ -56,8 +56,8 @@ def test_a_plan_with_no_flags_runs_what_a_training_run_with_no_flags_would(tmp_p
 
 
 def test_a_flag_reaches_the_config_and_a_bad_value_is_refused_as_the_trainer_refuses_it(capsys):
-    plan = make_parser().parse_args(["--history_decay", "1.0", "--tau_low", "auto", "--filling_kwargs",
-                                     '{"replace_probes": false}', "--sara_overcommit", "3"])
+    plan = paper_shape(make_parser().parse_args(["--history_decay", "1.0", "--tau_low", "auto", "--filling_kwargs",
+                                     '{"replace_probes": false}', "--sara_overcommit", "3"]))
     config = plan_config("cero+sara", plan)
     assert (config.history_decay, config.tau_low, config.replace_probes, config.sara_overcommit) == (1.0, "auto",
                                                                                                      False, 3.0)

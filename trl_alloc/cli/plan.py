@@ -157,7 +157,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Clear errors for settings no plan can have (argparse's usage line, exit status 2)."""
     for name in ("prompts", "rounds", "budget", "unit_size", "units_per_group", "capacity", "engine_seqs",
                  "max_tokens", "gpus_per_engine"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # (capacity None: the trainer's)
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
     for name in ("step_ms", "step_ms_per_seq", "train_ms_per_token", "sync_s", "length_median", "length_sigma",
                  "engine_rounds", "train_gpus"):
@@ -191,12 +191,30 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 def make_parser() -> argparse.ArgumentParser:
     """plan.py's flags: the plan's own (pool, budget, engine), then every allocation field (`add_allocation_flags`)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=8699)
-    parser.add_argument("--rounds", type=int, default=500)
-    parser.add_argument("--budget", type=int, default=256_000, help="global budget in responses")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts in the pool (default: the paper's 8,699; "
+                        "with --model/--dataset: the probed ones)")
+    parser.add_argument("--rounds", type=int, default=None, help="K (default: the paper's 500; on your pool: 40)")
+    parser.add_argument("--budget", type=int, default=None, help="global budget in responses (default: the paper's "
+                        "256,000; on your pool: rounds x max(1, prompts / 16) x k)")
     parser.add_argument("--unit_size", type=int, default=4, help="g: responses per allocation unit")
     parser.add_argument("--units_per_group", type=int, default=2, help="N_max")
-    parser.add_argument("--capacity", type=int, default=132, help="C: units per round")
+    parser.add_argument("--capacity", type=int, default=None,
+                        help="C: units per round (default: the paper's 132; on your pool: the trainer's)")
+    data = parser.add_argument_group("plan on your own model and data (a probe pass first; docs/benchmarks.md, "
+                                     "'Planning on your own pool')")
+    data.add_argument("--model", default=None, help="the base model: a folder, a Hub id, smollm2-135m-instruct or "
+                      "`tiny` (a built-in task's)")
+    data.add_argument("--dataset", default=None, help="the prompt pool, as train.py takes it (a local .jsonl/.json/"
+                      ".parquet/.csv, a Hub dataset, builtin:...)")
+    data.add_argument("--probe_file", default=None, help="a probe.json an earlier plan wrote, instead of probing")
+    data.add_argument("--probe_prompts", type=int, default=64, help="prompts the probe samples (seeded)")
+    data.add_argument("--probe_k", type=int, default=8, help="responses per probed prompt")
+    data.add_argument("--probe_max_tokens", type=int, default=256, help="the probe's response cap (tokens)")
+    data.add_argument("--probe_temperature", type=float, default=1.0)
+    data.add_argument("--probe_backend", default="auto", choices=["auto", "vllm", "transformers"],
+                      help="auto: a vLLM engine in this process where vLLM is installed")
+    data.add_argument("--builtin_levels", type=int, nargs="+", default=None, help="a built-in task's levels")
+    data.add_argument("--plan_seeds", type=int, default=3, help="seeds each method runs on the pool (the spread)")
     parser.add_argument("--drift", type=float, default=1.5, help="logit drift of the pool over the run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default="uniform,cero,cero_fixed,cero_preset,cero_greedy,random_matched,"
@@ -233,9 +251,23 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+PAPER_SHAPE = {"prompts": 8699, "rounds": 500, "budget": 256_000, "capacity": 132}  # arXiv 2610.09679 App. G
+
+
+def paper_shape(args: argparse.Namespace) -> argparse.Namespace:
+    """The CERO paper's pool, rounds, budget and capacity where the command line gave none (the synthetic plan)."""
+    for name, value in PAPER_SHAPE.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser = make_parser()
     args = parser.parse_args(argv)
+    if args.model or args.dataset or args.probe_file:
+        return plan_on_your_pool(parser, args)
+    paper_shape(args)
     check_args(parser, args)
     if args.colocate:
         args.train_gpus = args.gpus_per_engine = 1
@@ -266,6 +298,73 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                        for k, (s, r) in results.items()}, "engine": engine}, f)
     plot(results, args, os.path.join(args.output_dir, "plan.png"))
     print(f"wrote {args.output_dir}/plan.json and plan.png")
+
+
+def plan_on_your_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """A probe pass of `--model` over `--dataset` (or `--probe_file`), then every method on that pool
+    (`benchmarks.pool_plan`): the table with its spread over seeds, one recommendation, plan.json, plan.png and the
+    probe's `probe_counts.json` (what `train.py --probe_counts` starts CERO from)."""
+    from trl_alloc.benchmarks import pool_plan
+    from trl_alloc.benchmarks.probe import pool_summary, probe_pool, write_probe_counts
+
+    if args.probe_file:
+        with open(args.probe_file, encoding="utf-8") as f:
+            probe = json.load(f)
+    elif not (args.model and args.dataset):
+        parser.error("a plan on your pool needs both --model and --dataset (or --probe_file).")
+    else:
+        if args.probe_prompts < 1 or args.probe_k < 2:
+            parser.error("--probe_prompts must be >= 1 and --probe_k >= 2 (one response says nothing of a group).")
+        probe = probe_pool(args.model, args.dataset, k=args.probe_k, num_prompts=args.probe_prompts,
+                           max_tokens=args.probe_max_tokens, temperature=args.probe_temperature, seed=args.seed,
+                           backend=args.probe_backend, levels=args.builtin_levels)
+    os.makedirs(args.output_dir, exist_ok=True)
+    write_probe_counts(probe, os.path.join(args.output_dir, "probe.json"))
+    write_probe_counts({key: probe[key] for key in ("prompts", "successes", "failures")},
+                       os.path.join(args.output_dir, "probe_counts.json"))
+    summary = pool_summary(probe["successes"], probe["failures"])
+    k = args.unit_size * args.units_per_group
+    pool_plan.pool_shape(args, len(probe["successes"]), k)
+    args.length_median, args.max_tokens = max(probe["length_median"], 1.0), probe["max_tokens"]
+    args.window = args.window or args.engine_seqs
+    if args.colocate:
+        args.train_gpus = args.gpus_per_engine = 1
+    check_args(parser, args)
+    plan = pool_plan.plan_on_pool(args, probe, args.plan_seeds)
+    text = pool_plan.markdown(probe, summary, plan, args)
+    print(text)
+    with open(os.path.join(args.output_dir, "plan.json"), "w", encoding="utf-8") as f:
+        json.dump({"settings": vars(args), "probe": {k_: v for k_, v in probe.items() if k_ != "prompts"},
+                   "pool": summary, **plan}, f, indent=1, default=float)
+    with open(os.path.join(args.output_dir, "plan.md"), "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    plot_pool(summary, plan, os.path.join(args.output_dir, "plan.png"))
+    print(f"wrote {args.output_dir}/plan.json, plan.md, plan.png, probe_counts.json (train.py --probe_counts)")
+    return plan
+
+
+def plot_pool(summary: dict[str, Any], plan: dict[str, Any], path: str) -> None:
+    """The probed success rates (left) and each setting's cost with its spread over seeds (right)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4))
+    edges = np.asarray(summary["edges"])
+    ax[0].bar(edges[:-1], summary["histogram"], width=np.diff(edges), align="edge", edgecolor="k")
+    ax[0].set(title="probed success rate per prompt", xlabel="success rate", ylabel="prompts")
+    rows = plan["engine"] or plan["rows"]
+    key = "gpu_s_per_signal" if plan["engine"] else "responses_per_effective_group"
+    names = list(rows)
+    means = [rows[n][key]["mean"] for n in names]
+    err = np.array([[m - rows[n][key]["min"] for n, m in zip(names, means)],
+                    [rows[n][key]["max"] - m for n, m in zip(names, means)]])
+    ax[1].barh(names, means, xerr=err, color=["C1" if n == plan["recommendation"]["setting"] else "C0"
+                                                for n in names])
+    ax[1].set(title=key.replace("_", " ") + " (min-max over seeds)", xlabel=key.replace("_", " "))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

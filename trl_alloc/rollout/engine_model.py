@@ -192,8 +192,8 @@ class SimulatedTask:
     `outcome(pid, rng)`: one rollout's (length, success), as `SimulatedRollouts` asks; `learn(rnd)`: after a round
     closes, its groups count as trained."""
 
-    def __init__(self, args: Any) -> None:
-        self.pool = DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
+    def __init__(self, args: Any, pool: DriftingPool | None = None) -> None:
+        self.pool = pool or DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
         self.rates = self.pool.success_rate()
         self.length_median, self.length_sigma = float(args.length_median), float(args.length_sigma)
 
@@ -218,7 +218,8 @@ def learning_signal(rows: Sequence[dict]) -> float:
 
 def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: float | None = None,
                     round_log_path: str | None = None, engine_class: type[SimulatedRollouts] | None = None,
-                    on_close: Callable[[Any, Allocator], None] | None = None, resume_after: int | None = None) -> dict:
+                    on_close: Callable[[Any, Allocator], None] | None = None, resume_after: int | None = None,
+                    pool: DriftingPool | None = None) -> dict:
     """`rounds` rounds of `method` (plan.py's names, e.g. 'cero+sara') on the engine model (a simulated vLLM
     engine), with the trainer in the loop. `mode`: "sync" (each filler call submitted whole and decided when its
     last rollout ends), "events" (one `RoundDriver` per round) or "stream" (one `StreamDriver` across rounds:
@@ -235,14 +236,15 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     `round_log_path` (tests/rollout/test_engine_model_is_the_trainer.py). `engine_class`: another simulated engine
     (one that injects faults, tests/rollout/test_fault_simulation.py); `on_close(driver, allocator)`: called after
     each round is recorded. `resume_after` (sync, events): after that many rounds the allocator is checkpointed
-    (its state through JSON) and resumed as a fresh one, as a run resumed from a checkpoint. Returns
+    (its state through JSON) and resumed as a fresh one, as a run resumed from a checkpoint. `pool`: the prompts'
+    success rates (a probe pass's, `DriftingPool.from_rates`), else one drawn from `args`. Returns
     wall seconds, responses, tokens, effective groups, the learning signal of the trained groups (`learning_signal`),
     aborted / carried / stale / pruned rollouts, the engine's idle share and the staleness histograms of the trained
     rollouts (their oldest token) and tokens."""
     pacer, filler, config = build_method(method, args)
     allocator = Allocator(pacer, filler, functools.partial(round_kwargs, config, filler), plan={},
                           round_log_path=round_log_path)
-    task = SimulatedTask(args)
+    task = SimulatedTask(args, pool)
     train_ms, train_gpus = getattr(args, "train_ms_per_token", 0.0), max(getattr(args, "train_gpus", 1), 1)
     sync_s, colocate = getattr(args, "sync_s", 0.0), bool(getattr(args, "colocate", False))
     total = dict.fromkeys(("engine_s", "train_s", "responses", "tokens", "trained_tokens", "aborted", "carried",

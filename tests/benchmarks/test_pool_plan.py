@@ -1,0 +1,55 @@
+"""Planning on the user's own pool (`scripts/plan.py --model M --dataset D`, trl_alloc/benchmarks/probe.py and
+pool_plan.py): a probe's counts become the pool's rates exactly, and a short plan on the embedded tiny model writes
+its table, recommendation, JSON, plot and the probe_counts.json train.py reads."""
+
+import json
+
+import numpy as np
+import pytest
+
+from trl_alloc.allocation.simulate import DriftingPool
+from trl_alloc.benchmarks.probe import pool_rates, pool_summary
+
+
+def test_a_probes_counts_are_the_pools_rates_exactly():
+    successes, failures = [0, 1, 4, 8, 3, 0], [8, 7, 4, 0, 5, 0]  # the last prompt: no response could be scored
+    rates = pool_rates(successes, failures)
+    assert rates[:5].tolist() == [0.0, 0.125, 0.5, 1.0, 0.375] and np.isnan(rates[5])
+    pool = DriftingPool.from_rates(rates[:5], rounds=10, drift=0.0, gain=0.0)
+    assert np.allclose(pool.success_rate(), [1e-4, 0.125, 0.5, 1 - 1e-4, 0.375], rtol=0, atol=1e-12)
+    pool.t = 7  # a static pool: no drift with the rounds
+    assert np.allclose(pool.success_rate()[1:4], [0.125, 0.5, 1 - 1e-4], rtol=0, atol=1e-12)
+    summary = pool_summary(successes, failures)
+    assert (summary["prompts"], summary["scored_prompts"]) == (6, 5)
+    assert summary["all_fail"] == pytest.approx(1 / 6) and summary["all_pass"] == pytest.approx(1 / 6)
+    assert summary["mixed"] == pytest.approx(3 / 6) and summary["mean_rate"] == pytest.approx(2.0 / 5)
+    assert sum(summary["histogram"]) == 5 and summary["histogram"][0] == 1 and summary["histogram"][-1] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_short_plan_on_the_tiny_model_writes_its_table_and_the_counts_train_reads(tmp_path, capsys):
+    from trl_alloc.benchmarks.probe import sample_pool
+    from trl_alloc.cli.plan import main
+    from trl_alloc.tasks.data import load_prompt_counts
+
+    out = tmp_path / "plan"
+    plan = main(["--model", "tiny", "--dataset", "builtin:arithmetic", "--probe_prompts", "24", "--probe_k", "4",
+                 "--probe_max_tokens", "8", "--probe_backend", "transformers", "--plan_seeds", "2",
+                 "--methods", "uniform,cero+sara", "--engine_methods", "uniform,cero+sara", "--output_dir", str(out)])
+    printed = capsys.readouterr().out
+    assert "probe: 96 responses (24 prompts x 4) of tiny through transformers" in printed
+    assert "| uniform | " in printed and "| cero+sara stream |" in printed and "recommended: " in printed
+    assert "a static pool" in printed
+    saved = json.loads((out / "plan.json").read_text())
+    assert saved["recommendation"] == plan["recommendation"]
+    assert plan["recommendation"]["setting"] in plan["engine"]
+    assert saved["pool"]["prompts"] == 24 and saved["probe"]["responses"] == 96
+    # 40 rounds of max(1, 24 // 16) prompt x 8 responses (the plan's groups: g x N_max), all spent by stock
+    assert plan["rows"]["uniform"]["responses"] == {"mean": 320, "sd": 0.0, "min": 320, "max": 320}
+    assert (out / "plan.png").stat().st_size > 0 and (out / "plan.md").read_text().startswith("probe: ")
+    # the counts are the file train.py --probe_counts reads, matched by prompt text to the same seeded pool
+    pool = sample_pool("builtin:arithmetic", 24, seed=0)
+    successes, failures, matched = load_prompt_counts(str(out / "probe_counts.json"), pool["prompt"])
+    assert matched == 24 and (np.asarray(successes) + np.asarray(failures) <= 4).all()
+    assert (np.asarray(successes) == np.asarray(saved["probe"]["successes"])).all()

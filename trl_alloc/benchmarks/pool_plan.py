@@ -1,0 +1,132 @@
+"""A plan on the user's own pool (`scripts/plan.py --model M --dataset D`): the real schedulers and the engine model,
+the trainer's config (`allocation/config.py`), on a pool whose success rates are the probe pass's
+(`benchmarks/probe.py`), each method over several seeds; a table with the spread and one recommendation.
+
+The pool is static: a prompt keeps its probed rate through the run (the policy's learning is not modelled unless a
+previous run's round log gives its drift, which this plan does not fit yet), so the figures say what each method
+buys from the pool as it is at the start (docs/benchmarks.md, "Planning on your own pool").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ..allocation.simulate import DriftingPool, simulate
+from .probe import pool_rates
+
+
+def pool_shape(args: argparse.Namespace, num_prompts: int, k: int) -> None:
+    """The planned run on a pool of `num_prompts`: what the user gave, else 40 rounds of max(1, prompts / 16)
+    prompts × k responses (the learning benchmark's 64-prompt pool: 4 × 8 a round, 2.5 passes)."""
+    args.prompts = num_prompts
+    args.rounds = args.rounds or 40
+    args.budget = args.budget or args.rounds * max(1, num_prompts // 16) * k
+    args.engine_rounds = args.rounds
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    values = [float(v) for v in values]
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values)}
+
+
+def plan_on_pool(args: argparse.Namespace, probe: dict[str, Any], seeds: int) -> dict[str, Any]:
+    """Every method of `args.methods` through `allocation.simulate`, and of `args.engine_methods` on the engine
+    model as the user could run it (sync, events, stream), on the probe's pool, seeds 0..`seeds`-1."""
+    from ..rollout.engine_model import simulate_engine
+
+    rates = np.nan_to_num(pool_rates(probe["successes"], probe["failures"]), nan=0.0)
+    k = args.unit_size * args.units_per_group
+    methods = [m for m in args.methods.split(",") if m and m.partition("+")[0] != "random_matched"]
+    rows: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        runs = []
+        for seed in range(seeds):
+            plan = argparse.Namespace(**{**vars(args), "seed": seed})
+            with warnings.catch_warnings():  # (a short run's selection lift has empty bins)
+                warnings.simplefilter("ignore", RuntimeWarning)
+                summary, _, _ = simulate(method, plan, pool=DriftingPool.from_rates(rates, args.rounds, group_size=k,
+                                                                                    seed=seed))
+            runs.append(summary)
+        rows[method] = {"kind": "responses", "effective_groups": _spread([r["effective_groups"] for r in runs]),
+                        "responses": _spread([r["responses_spent"] for r in runs]),
+                        "responses_per_effective_group": _spread([r["responses_per_effective_group"] for r in runs])}
+    engine = {}
+    for method in [m for m in args.engine_methods.split(",") if m]:
+        for mode in ("sync", "events", "stream") if "+" in method else ("sync", "stream"):
+            runs = []
+            for seed in range(seeds):
+                plan = argparse.Namespace(**{**vars(args), "seed": seed, "max_staleness": None})
+                runs.append(simulate_engine(method, mode, plan, args.rounds,
+                                            pool=DriftingPool.from_rates(rates, args.rounds, group_size=k, seed=seed)))
+            gpus = 1 if args.colocate else args.gpus_per_engine + args.train_gpus
+            engine[f"{method} {mode}"] = {
+                "kind": "engine", "method": method, "mode": mode,
+                "effective_groups": _spread([r["effective_groups"] for r in runs]),
+                "responses_per_effective_group": _spread([r["responses"] / max(r["effective_groups"], 1)
+                                                          for r in runs]),
+                "gpu_s_per_effective_group": _spread([r["engine_s"] * gpus / max(r["effective_groups"], 1)
+                                                      for r in runs]),
+                "gpu_s_per_signal": _spread([r["engine_s"] * gpus / r["signal"] if r["signal"] else float("inf")
+                                             for r in runs])}
+    return {"rows": rows, "engine": engine, "recommendation": recommend(rows, engine)}
+
+
+def recommend(rows: dict[str, dict], engine: dict[str, dict]) -> dict[str, Any]:
+    """The setting with the fewest GPU-seconds per unit of learning signal on the engine model (else the fewest
+    responses per effective group), against stock TRL's (uniform, full groups, synchronous), and why."""
+    if engine:
+        best = min(engine, key=lambda n: engine[n]["gpu_s_per_signal"]["mean"])
+        spread, stock = engine[best]["gpu_s_per_signal"], engine.get("uniform sync")
+        ratio = spread["mean"] / stock["gpu_s_per_signal"]["mean"] if stock else float("nan")
+        return {"setting": best, "figure": "GPU-s per unit of learning signal", "value": spread["mean"],
+                "ratio_to_stock": ratio,
+                "why": f"{best}: {spread['mean']:.2f} GPU-s per unit of learning signal (seeds {spread['min']:.2f}-"
+                       f"{spread['max']:.2f}), {ratio:.2f}x stock TRL's (uniform, full groups, synchronous); the "
+                       "cheapest setting on this pool's probed success rates"}
+    best = min(rows, key=lambda n: rows[n]["responses_per_effective_group"]["mean"])
+    spread, stock = rows[best]["responses_per_effective_group"], rows.get("uniform")
+    ratio = spread["mean"] / stock["responses_per_effective_group"]["mean"] if stock else float("nan")
+    return {"setting": best, "figure": "responses per effective group", "value": spread["mean"],
+            "ratio_to_stock": ratio,
+            "why": f"{best}: {spread['mean']:.2f} responses per effective group (seeds {spread['min']:.2f}-"
+                   f"{spread['max']:.2f}), {ratio:.2f}x stock GRPO's"}
+
+
+def markdown(probe: dict[str, Any], summary: dict[str, Any], plan: dict[str, Any], args: argparse.Namespace) -> str:
+    """The probe, the pool and the plan's table, as the planner prints them."""
+    q = {key: summary["quantiles"].get(key, float("nan")) for key in (0.1, 0.5, 0.9)}
+    lines = [
+        f"probe: {probe['responses']} responses ({summary['prompts']} prompts x {probe['k']}) of {probe['model']} "
+        f"through {probe['backend']}, {probe['tokens']} tokens, {probe['seconds']:.0f} s; median response "
+        f"{probe['length_median']:.0f} tokens, {100 * probe['truncated_share']:.0f}% cut at {probe['max_tokens']}",
+        f"pool: mean success rate {summary['mean_rate']:.3f}; all-fail {100 * summary['all_fail']:.0f}%, all-pass "
+        f"{100 * summary['all_pass']:.0f}%, mixed {100 * summary['mixed']:.0f}% of prompts at k = {probe['k']}; "
+        f"rate quantiles 10/50/90%: {q[0.1]:.2f} / {q[0.5]:.2f} / {q[0.9]:.2f}",
+        f"plan: {args.rounds} rounds, {args.budget} responses, {args.prompts} prompts; a static pool (each prompt "
+        "keeps its probed rate; no round log to fit a drift), the trainer's defaults; mean (min-max) over "
+        f"{args.plan_seeds} seeds", "",
+        "| method | effective groups | responses | responses / effective group |", "|---|---|---|---|"]
+
+    def cell(spread, spec=".1f"):
+        return f"{spread['mean']:{spec}} ({spread['min']:{spec}}-{spread['max']:{spec}})"
+    for name, r in plan["rows"].items():
+        lines.append(f"| {name} | {cell(r['effective_groups'])} | {cell(r['responses'], '.0f')} | "
+                     f"{cell(r['responses_per_effective_group'], '.2f')} |")
+    if plan["engine"]:
+        lines += ["", "| method and mode (engine model) | effective groups | responses / eff | GPU-s / eff | "
+                      "GPU-s / signal |", "|---|---|---|---|---|"]
+        for name, r in plan["engine"].items():
+            lines.append(f"| {name} | {cell(r['effective_groups'])} | "
+                         f"{cell(r['responses_per_effective_group'], '.2f')} | "
+                         f"{cell(r['gpu_s_per_effective_group'], '.2f')} | {cell(r['gpu_s_per_signal'], '.2f')} |")
+    lines += ["", f"recommended: {plan['recommendation']['why']}."]
+    return "\n".join(lines)
+
+
+__all__ = ["markdown", "plan_on_pool", "pool_shape", "recommend"]
