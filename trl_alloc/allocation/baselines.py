@@ -413,7 +413,7 @@ class DynamicSamplingRound(EventRound):
         return {pid: {"results": list(got), "need": 0} for pid, got in self.results.items() if len(got) < self.k}
 
     def _next(self, room):
-        out, running = [], len(self._open_groups())
+        out, running = [], sum(len(got) < self.k for got in self.results.values())  # (the open groups)
         while (room >= self.k and self.next < min(self.stream.size, self.max_prompts) and running < self.batch_prompts
                and self.spent + (len(out) + 1) * self.k <= self.budget and len(self.groups) < self.target):
             pid = int(self.stream[self.next])

@@ -37,6 +37,7 @@ idles while the trainer trains (colocate), where closing early would overlap not
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -216,10 +217,10 @@ class EventRound(Round):
             self.aborted[pid] = self.aborted.get(pid, 0) + 1
         elif pruned:
             self.pruned[pid] = self.pruned.get(pid, 0) + 1
-        elif np.isnan(float(success)):
+        elif math.isnan(success := float(success)):
             self.unscored[pid] = self.unscored.get(pid, 0) + 1
         else:
-            observed = int(is_success(float(success), self.success_threshold))
+            observed = int(is_success(success, self.success_threshold))
             self.successes[pid] = self.successes.get(pid, 0) + observed
             self.failures[pid] = self.failures.get(pid, 0) + 1 - observed
         if not self._closed and not aborted:

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 SUCCESS_THRESHOLD = 0.5  # default: a response succeeds when its success score is >= 0.5
 
 
-def is_success(scores: ArrayLike, threshold: float = SUCCESS_THRESHOLD) -> np.ndarray | np.bool_:
+def is_success(scores: ArrayLike, threshold: float = SUCCESS_THRESHOLD) -> np.ndarray | np.bool_ | bool:
     """The one success rule (allocators, ARROL labels, benchmarks, evaluation): score >= threshold."""
+    if isinstance(scores, float):  # (one rollout's score, the event rounds' case: no array to build)
+        return scores >= threshold
     return np.asarray(scores, dtype=float) >= threshold

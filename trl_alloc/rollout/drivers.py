@@ -320,7 +320,8 @@ class StreamDriver(RoundDriver):
     def _after_observe(self, cancelled):
         if self._done():
             return self._close_round()
-        doomed = [rid for rid, pid in self.live.items() if pid in set(cancelled)]
+        cancelled = set(cancelled)
+        doomed = [rid for rid, pid in self.live.items() if pid in cancelled]
         if doomed:
             for r in self.rollouts.abort(doomed):
                 self.live.pop(r.rid, None)
