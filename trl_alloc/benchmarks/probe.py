@@ -8,11 +8,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..allocation.success import SUCCESS_THRESHOLD, is_success
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from ..evaluation import TransformersBackend, VLLMEngineBackend
 
 
 def probe_model_dir(model: str, dataset: str) -> str:
@@ -29,7 +34,8 @@ def probe_model_dir(model: str, dataset: str) -> str:
     return resolve_model(model)
 
 
-def sample_pool(dataset: str, num_prompts: int, seed: int = 0, levels: list[int] | None = None, **load: Any):
+def sample_pool(dataset: str, num_prompts: int, seed: int = 0, levels: list[int] | None = None,
+                **load: Any) -> Dataset:
     """A seeded sample of `num_prompts` prompts of the dataset's train split (all of them if it has fewer)."""
     from ..tasks.data import load_prompt_dataset
 
@@ -39,7 +45,8 @@ def sample_pool(dataset: str, num_prompts: int, seed: int = 0, levels: list[int]
     return ds
 
 
-def probe_backend(kind: str, model_dir: str, tokenizer: Any, seed: int = 0, gpu_memory_utilization: float = 0.3):
+def probe_backend(kind: str, model_dir: str, tokenizer: Any, seed: int = 0,
+                  gpu_memory_utilization: float = 0.3) -> TransformersBackend | VLLMEngineBackend:
     """The engine the probe samples from: a vLLM engine in this process in float32 on a CPU (the trainer's dtype;
     the checkpoint's on a GPU) or transformers' `generate`; `auto` takes vLLM where it is installed."""
     import importlib.util
