@@ -53,3 +53,34 @@ def test_a_short_plan_on_the_tiny_model_writes_its_table_and_the_counts_train_re
     successes, failures, matched = load_prompt_counts(str(out / "probe_counts.json"), pool["prompt"])
     assert matched == 24 and (np.asarray(successes) + np.asarray(failures) <= 4).all()
     assert (np.asarray(successes) == np.asarray(saved["probe"]["successes"])).all()
+
+
+def test_the_drift_is_recovered_from_a_run_whose_drift_is_known(tmp_path):
+    """A synthetic stock run on a pool of known rates that drifts by +1.2 in logit over 40 rounds (binomial noise,
+    32 scored responses a round): the fit finds it within 0.3, and `--drift_from` reads it from a run folder,
+    rescaled to the plan's rounds."""
+    from scipy.special import expit, logit
+
+    from trl_alloc.allocation.simulate import fit_drift
+    from trl_alloc.benchmarks.pool_plan import drift_from_run
+
+    rng = np.random.default_rng(0)
+    rates = rng.uniform(0.02, 0.6, 64)
+    t = np.arange(40)
+    truth = expit(logit(rates)[None, :] + 1.2 * t[:, None] / 40).mean(axis=1)
+    scored = np.full(40, 32)
+    successes = rng.binomial(scored, truth)
+    assert abs(fit_drift(rates, successes, scored) - 1.2) < 0.3
+    assert abs(fit_drift(rates, np.rint(truth * 32), scored) - 1.2) < 0.05  # (no noise but the rounding)
+    many = np.full(40, 10_000)  # a static pool (rounded to whole successes of 10,000 a round)
+    assert abs(fit_drift(rates, np.rint(expit(logit(rates)).mean() * many), many)) < 0.01
+    run = tmp_path / "run" / "allocation"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"methods": {"pacing": "uniform", "filling": "full"}, "per_round": [
+        {"successes": int(s), "scored": int(n)} for s, n in zip(successes, scored)]}))
+    fitted = drift_from_run(str(tmp_path / "run"), rates, rounds=80)
+    assert fitted["run_rounds"] == 40 and fitted["uniform"]
+    assert fitted["drift"] == pytest.approx(2 * fitted["run_drift"])
+    (run / "summary.json").write_text(json.dumps({"per_round": [{"responses": 32}]}))
+    with pytest.raises(ValueError, match="its rounds record no successes"):
+        drift_from_run(str(tmp_path / "run"), rates, rounds=80)

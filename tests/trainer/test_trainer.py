@@ -102,6 +102,10 @@ def test_never_generates_past_the_budget(tmp_path, pacing, filling):
     for entry in log:  # every loss group was generated in its own round
         asked = {pid for ids, _ in entry["requests"] for pid in ids}
         assert set(entry["groups"]) <= asked
+    for h in trainer.allocator.history:  # what the planner fits a drift to, and the prompts a round trained
+        assert 0 <= h["successes"] <= h["scored"] <= h["responses"] and h["truncated"] <= h["responses"]
+        assert set(h["signal_pids"]) <= set(h["trained_pids"]) and len(h["trained_pids"]) <= h["committed"]
+    assert sum(h["scored"] for h in trainer.allocator.history) > 0
     if filling == "sara":  # SARA's own statistics reach the log (alloc/sara/*)
         logged = {k for x in trainer.state.log_history for k in x}
         assert {"alloc/sara/mean_rollouts_to_decide", "alloc/sara/expected_lost_groups",

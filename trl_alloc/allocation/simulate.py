@@ -59,6 +59,32 @@ class DriftingPool:
         self.t += 1
 
 
+def fit_drift(rates: np.ndarray, successes: np.ndarray, scored: np.ndarray, rounds: int | None = None) -> float:
+    """The `DriftingPool` drift that best explains a uniformly paced run's per-round success rates: least squares
+    over rounds t (weighted by their scored responses) between successes_t / scored_t and the pool's mean success
+    rate at t, mean_i sigmoid(logit(rate_i) + drift · t / K), starting from `rates` (a probe pass's). Under uniform
+    pacing every prompt is trained alike, so the pool-wide drift and the per-prompt gain both grow linearly with t
+    and cannot be told apart: the fit returns their sum as drift (gain 0)."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import expit, logit
+
+    successes, scored = np.asarray(successes, float), np.asarray(scored, float)
+    rounds = int(rounds or successes.size)
+    t = np.arange(successes.size, dtype=float)
+    keep = scored > 0
+    if keep.sum() < 2:
+        raise ValueError("fitting a drift needs at least two rounds with scored responses (`successes` and "
+                         "`scored` in the run's allocation/summary.json per_round: a run from 2026-12-06 on).")
+    z0 = logit(np.clip(np.asarray(rates, float), 1e-4, 1 - 1e-4))
+    observed, weight = successes[keep] / scored[keep], scored[keep]
+
+    def loss(drift: float) -> float:
+        predicted = expit(z0[None, :] + drift * t[keep, None] / rounds).mean(axis=1)
+        return float(np.sum(weight * (predicted - observed) ** 2))
+
+    return float(minimize_scalar(loss, bounds=(-10.0, 10.0), method="bounded", options={"xatol": 1e-4}).x)
+
+
 def predicted_success_bins(predicted: np.ndarray, admitted: np.ndarray, bins: int = 5) -> np.ndarray:
     """Selection lift by predicted-success bin: the admitted prompts' share in each bin of the
     pre-decision predicted success rate, over the pool's share in that bin (1 = no preference)."""
@@ -156,4 +182,5 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     return summary, rec, getattr(pacer, "allocation_log", None)
 
 
-__all__ = ["DriftingPool", "PLAN_SHAPE", "predicted_success_bins", "plan_config", "build_method", "simulate"]
+__all__ = ["DriftingPool", "PLAN_SHAPE", "fit_drift", "predicted_success_bins", "plan_config", "build_method",
+           "simulate"]

@@ -2,9 +2,9 @@
 the trainer's config (`allocation/config.py`), on a pool whose success rates are the probe pass's
 (`benchmarks/probe.py`), each method over several seeds; a table with the spread and one recommendation.
 
-The pool is static: a prompt keeps its probed rate through the run (the policy's learning is not modelled unless a
-previous run's round log gives its drift, which this plan does not fit yet), so the figures say what each method
-buys from the pool as it is at the start (docs/benchmarks.md, "Planning on your own pool").
+By default the pool is static: a prompt keeps its probed rate through the run, so the figures say what each method
+buys from the pool as it is at the start. `--drift_from RUN_DIR` fits the pool's drift to a previous stock run's
+per-round successes (`allocation.simulate.fit_drift`; docs/benchmarks.md, "Planning on your own pool").
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..allocation.simulate import DriftingPool, simulate
+from ..allocation.simulate import DriftingPool, fit_drift, simulate
 from .probe import pool_rates
 
 
@@ -27,6 +27,29 @@ def pool_shape(args: argparse.Namespace, num_prompts: int, k: int) -> None:
     args.rounds = args.rounds or 40
     args.budget = args.budget or args.rounds * max(1, num_prompts // 16) * k
     args.engine_rounds = args.rounds
+
+
+def drift_from_run(run_dir: str, rates: np.ndarray, rounds: int) -> dict[str, Any]:
+    """The drift of a previous run on this pool (its `allocation/summary.json` per-round successes; a stock run:
+    uniform pacing), fitted from the probe's `rates` (`allocation.simulate.fit_drift`) and rescaled to this plan's
+    `rounds` (the same movement a round)."""
+    import json
+    import os
+
+    path = os.path.join(run_dir, "allocation", "summary.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"--drift_from {run_dir!r}: no allocation/summary.json there; give the output_dir of a "
+                         "finished train.py run on this pool.")
+    with open(path, encoding="utf-8") as f:
+        summary = json.load(f)
+    per_round = summary.get("per_round") or []
+    if not all("successes" in h and "scored" in h for h in per_round):
+        raise ValueError(f"--drift_from {run_dir!r}: its rounds record no successes (runs before 2026-12-06 do "
+                         "not); run stock GRPO (pacing uniform, filling full) on this pool again.")
+    methods = summary.get("methods", {})
+    drift = fit_drift(rates, [h["successes"] for h in per_round], [h["scored"] for h in per_round])
+    return {"run": run_dir, "run_rounds": len(per_round), "run_drift": drift, "drift": drift * rounds / len(per_round),
+            "uniform": methods.get("pacing") == "uniform"}
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -42,6 +65,12 @@ def plan_on_pool(args: argparse.Namespace, probe: dict[str, Any], seeds: int) ->
 
     rates = np.nan_to_num(pool_rates(probe["successes"], probe["failures"]), nan=0.0)
     k = args.unit_size * args.units_per_group
+    fitted = drift_from_run(args.drift_from, rates, args.rounds) if args.drift_from else None
+    drift = fitted["drift"] if fitted else 0.0
+
+    def pool(seed: int) -> DriftingPool:
+        return DriftingPool.from_rates(rates, args.rounds, drift=drift, group_size=k, seed=seed)
+
     methods = [m for m in args.methods.split(",") if m and m.partition("+")[0] != "random_matched"]
     rows: dict[str, dict[str, Any]] = {}
     for method in methods:
@@ -50,8 +79,7 @@ def plan_on_pool(args: argparse.Namespace, probe: dict[str, Any], seeds: int) ->
             plan = argparse.Namespace(**{**vars(args), "seed": seed})
             with warnings.catch_warnings():  # (a short run's selection lift has empty bins)
                 warnings.simplefilter("ignore", RuntimeWarning)
-                summary, _, _ = simulate(method, plan, pool=DriftingPool.from_rates(rates, args.rounds, group_size=k,
-                                                                                    seed=seed))
+                summary, _, _ = simulate(method, plan, pool=pool(seed))
             runs.append(summary)
         rows[method] = {"kind": "responses", "effective_groups": _spread([r["effective_groups"] for r in runs]),
                         "responses": _spread([r["responses_spent"] for r in runs]),
@@ -62,8 +90,7 @@ def plan_on_pool(args: argparse.Namespace, probe: dict[str, Any], seeds: int) ->
             runs = []
             for seed in range(seeds):
                 plan = argparse.Namespace(**{**vars(args), "seed": seed, "max_staleness": None})
-                runs.append(simulate_engine(method, mode, plan, args.rounds,
-                                            pool=DriftingPool.from_rates(rates, args.rounds, group_size=k, seed=seed)))
+                runs.append(simulate_engine(method, mode, plan, args.rounds, pool=pool(seed)))
             gpus = 1 if args.colocate else args.gpus_per_engine + args.train_gpus
             engine[f"{method} {mode}"] = {
                 "kind": "engine", "method": method, "mode": mode,
@@ -74,7 +101,7 @@ def plan_on_pool(args: argparse.Namespace, probe: dict[str, Any], seeds: int) ->
                                                       for r in runs]),
                 "gpu_s_per_signal": _spread([r["engine_s"] * gpus / r["signal"] if r["signal"] else float("inf")
                                              for r in runs])}
-    return {"rows": rows, "engine": engine, "recommendation": recommend(rows, engine)}
+    return {"rows": rows, "engine": engine, "recommendation": recommend(rows, engine), "drift": fitted}
 
 
 def recommend(rows: dict[str, dict], engine: dict[str, dict]) -> dict[str, Any]:
@@ -108,9 +135,13 @@ def markdown(probe: dict[str, Any], summary: dict[str, Any], plan: dict[str, Any
         f"pool: mean success rate {summary['mean_rate']:.3f}; all-fail {100 * summary['all_fail']:.0f}%, all-pass "
         f"{100 * summary['all_pass']:.0f}%, mixed {100 * summary['mixed']:.0f}% of prompts at k = {probe['k']}; "
         f"rate quantiles 10/50/90%: {q[0.1]:.2f} / {q[0.5]:.2f} / {q[0.9]:.2f}",
-        f"plan: {args.rounds} rounds, {args.budget} responses, {args.prompts} prompts; a static pool (each prompt "
-        "keeps its probed rate; no round log to fit a drift), the trainer's defaults; mean (min-max) over "
-        f"{args.plan_seeds} seeds", "",
+        f"plan: {args.rounds} rounds, {args.budget} responses, {args.prompts} prompts; " + (
+            f"the pool drifts by {plan['drift']['drift']:+.2f} in logit over the plan (fitted to "
+            f"{plan['drift']['run']}, {plan['drift']['run_rounds']} rounds"
+            + ("" if plan["drift"]["uniform"] else "; not a uniformly paced run: its prompts were chosen, so the fit "
+               "is biased") + ")" if plan["drift"] else
+            "a static pool (each prompt keeps its probed rate; --drift_from fits a drift to a stock run)")
+        + f", the trainer's defaults; mean (min-max) over {args.plan_seeds} seeds", "",
         "| method | effective groups | responses | responses / effective group |", "|---|---|---|---|"]
 
     def cell(spread, spec=".1f"):

@@ -215,6 +215,8 @@ def make_parser() -> argparse.ArgumentParser:
                       help="auto: a vLLM engine in this process where vLLM is installed")
     data.add_argument("--builtin_levels", type=int, nargs="+", default=None, help="a built-in task's levels")
     data.add_argument("--plan_seeds", type=int, default=3, help="seeds each method runs on the pool (the spread)")
+    data.add_argument("--drift_from", default=None, help="the output_dir of a stock run (pacing uniform, filling "
+                      "full) on this pool: the pool's drift is fitted to its per-round successes (default: static)")
     parser.add_argument("--drift", type=float, default=1.5, help="logit drift of the pool over the run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default="uniform,cero,cero_fixed,cero_preset,cero_greedy,random_matched,"

@@ -31,8 +31,10 @@ class RoundMetricsMixin:
 
     def _round_record(self, rows: list[dict]) -> dict:
         """What the round's history entry keeps beyond the allocator's figures: responses cut at
-        `max_completion_length`, the prompts whose groups reached the loss (`trained_pids`) and those whose
-        advantages were not all zero (`signal_pids`), and the engine-trainer mismatch (`MISMATCH_RECORD`)."""
+        `max_completion_length`, the successes among the scored responses (a stock run's give the planner the
+        pool's drift: `allocation.simulate.fit_drift`), the prompts whose groups reached the loss (`trained_pids`)
+        and those whose advantages were not all zero (`signal_pids`), the engine-trainer mismatch
+        (`MISMATCH_RECORD`)."""
         state, cap = self.round_state, self.args.max_completion_length
         ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
         truncated = sum(1 for r in rows if not (r.get("pruned") or r.get("aborted")) and
@@ -42,7 +44,10 @@ class RoundMetricsMixin:
         signal = sorted({r["pid"] for r, m in zip(state.loss_rows, moved) if m})
         mismatch = {short: float(f"{state.sampling[key]:.6g}") for key, short in MISMATCH_RECORD.items()
                     if key in state.sampling}
-        return {"truncated": truncated, "trained_pids": trained, "signal_pids": signal, **mismatch}
+        success = [float(r["success"]) for r in rows if not (r.get("pruned") or r.get("aborted"))]
+        scored = [x for x in success if x == x]  # (NaN: no reward could score it)
+        return {"truncated": truncated, "successes": int(sum(x >= 1.0 for x in scored)), "scored": len(scored),
+                "trained_pids": trained, "signal_pids": signal, **mismatch}
 
     def engine_description(self) -> dict:
         """Which engine generated the rollouts, in which dtype, beside the trainer's compute dtype."""
