@@ -107,22 +107,16 @@ def plan_on_pool(args: argparse.Namespace, probe: dict[str, Any], seeds: int) ->
 def recommend(rows: dict[str, dict], engine: dict[str, dict]) -> dict[str, Any]:
     """The setting with the fewest GPU-seconds per unit of learning signal on the engine model (else the fewest
     responses per effective group), against stock TRL's (uniform, full groups, synchronous), and why."""
-    if engine:
-        best = min(engine, key=lambda n: engine[n]["gpu_s_per_signal"]["mean"])
-        spread, stock = engine[best]["gpu_s_per_signal"], engine.get("uniform sync")
-        ratio = spread["mean"] / stock["gpu_s_per_signal"]["mean"] if stock else float("nan")
-        return {"setting": best, "figure": "GPU-s per unit of learning signal", "value": spread["mean"],
-                "ratio_to_stock": ratio,
-                "why": f"{best}: {spread['mean']:.2f} GPU-s per unit of learning signal (seeds {spread['min']:.2f}-"
-                       f"{spread['max']:.2f}), {ratio:.2f}x stock TRL's (uniform, full groups, synchronous); the "
-                       "cheapest setting on this pool's probed success rates"}
-    best = min(rows, key=lambda n: rows[n]["responses_per_effective_group"]["mean"])
-    spread, stock = rows[best]["responses_per_effective_group"], rows.get("uniform")
-    ratio = spread["mean"] / stock["responses_per_effective_group"]["mean"] if stock else float("nan")
-    return {"setting": best, "figure": "responses per effective group", "value": spread["mean"],
-            "ratio_to_stock": ratio,
-            "why": f"{best}: {spread['mean']:.2f} responses per effective group (seeds {spread['min']:.2f}-"
-                   f"{spread['max']:.2f}), {ratio:.2f}x stock GRPO's"}
+    table, key, figure, stock = ((engine, "gpu_s_per_signal", "GPU-s per unit of learning signal", "uniform sync")
+                                 if engine else
+                                 (rows, "responses_per_effective_group", "responses per effective group", "uniform"))
+    best = min(table, key=lambda n: table[n][key]["mean"])
+    spread = table[best][key]
+    ratio = spread["mean"] / table[stock][key]["mean"] if stock in table else float("nan")
+    return {"setting": best, "figure": figure, "value": spread["mean"], "ratio_to_stock": ratio,
+            "why": f"{best}: {spread['mean']:.2f} {figure} (seeds {spread['min']:.2f}-{spread['max']:.2f}), "
+                   f"{ratio:.2f}x stock TRL's (uniform, full groups{', synchronous' if engine else ''}); the cheapest "
+                   "setting on this pool's probed success rates"}
 
 
 def markdown(probe: dict[str, Any], summary: dict[str, Any], plan: dict[str, Any], args: argparse.Namespace) -> str:
