@@ -204,7 +204,7 @@ def test_plan_engine_model_reports_gpu_seconds_per_effective_group(capsys):
     args = argparse.Namespace(prompts=600, rounds=40, budget=8000, unit_size=4, units_per_group=2, capacity=60,
                               tau_low=0.45, history_decay=1.0, drift=1.5, seed=0, engine_methods="uniform,cero+sara",
                               engine_rounds=4, engine_seqs=64, step_ms=25.0, length_median=300.0, length_sigma=0.6,
-                              max_tokens=1024, window=64, gpus_per_engine=2, engine_prune="uniform",
+                              max_tokens=1024, rollout_max_inflight=64, gpus_per_engine=2, engine_prune="uniform",
                               prune_keep=0.5, detect_length=128, train_gpus=0, train_ms_per_token=0.0, sync_s=0.0,
                               engine_staleness="")
     rows = engine_table(args)

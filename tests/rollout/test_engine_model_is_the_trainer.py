@@ -15,8 +15,8 @@ from trl_alloc.trainer import AllocGRPOTrainer
 ROUNDS, K, BATCH = 5, 8, 32
 PLAN = dict(prompts=16, rounds=ROUNDS, budget=ROUNDS * BATCH, unit_size=4, units_per_group=2, capacity=8,
             tau_low=0.45, history_decay=1.0, drift=1.5, engine_seqs=12, step_ms=25.0, length_median=2.0,
-            length_sigma=0.6, max_tokens=3, window=12, train_ms_per_token=0.0, sync_s=0.0, max_staleness=1,
-            colocate=False)
+            length_sigma=0.6, max_tokens=3, rollout_max_inflight=12, train_ms_per_token=0.0, sync_s=0.0,
+            max_staleness=1, colocate=False)
 
 
 class SuccessInTokens(SimulatedRollouts):
@@ -42,7 +42,8 @@ def trainer_round_log(tmp_path, method, args):
                        per_device_train_batch_size=BATCH, num_rounds=ROUNDS, rollout_budget=args.budget,
                        unit_size=args.unit_size, max_units=args.units_per_group, round_capacity=args.capacity,
                        tau_low=args.tau_low, history_decay=args.history_decay,
-                       max_completion_length=args.max_tokens, rollout_mode="stream", rollout_max_inflight=args.window,
+                       max_completion_length=args.max_tokens, rollout_mode="stream",
+                       rollout_max_inflight=args.rollout_max_inflight,
                        max_staleness=args.max_staleness, seed=args.seed)
     trainer = AllocGRPOTrainer(model=model, reward_funcs=starts_with_one, args=config, train_dataset=ds,
                                processing_class=tok)
@@ -76,3 +77,22 @@ def test_the_engine_model_and_the_trainer_make_the_same_decisions(tmp_path, meth
     events = [e for line in trainer for e in line["events"]]
     assert {"submit", "done"} <= {kind for kind, _, _ in events}
     assert sum(len(line["groups"]) for line in trainer) > ROUNDS  # (groups committed, not empty rounds)
+
+
+def test_without_a_window_both_run_the_trainers_default(tmp_path):
+    """No `rollout_max_inflight`: the engine model's window is the trainer's default (the generation batch, a
+    round's responses), not the engine's capacity, so the planner runs what trains."""
+    args = argparse.Namespace(**{**PLAN, "rollout_max_inflight": None}, seed=0)
+    modelled = tmp_path / "engine_model.jsonl"
+    simulate_engine("cero+sara", "stream", args, ROUNDS, round_log_path=str(modelled))
+    engine_model, trainer = read_round_log(str(modelled)), trainer_round_log(tmp_path, "cero+sara", args)
+    assert len(engine_model) == len(trainer) >= ROUNDS - 1
+    assert [line["events"] for line in engine_model] == [line["events"] for line in trainer]
+    live, most = set(), 0  # rollouts in flight, from the events in order (a rollout ends once: done, abort, prune)
+    for kind, _, rid in (e for line in trainer for e in line["events"]):
+        if kind == "submit":
+            live.add(rid)
+            most = max(most, len(live))
+        else:
+            live.discard(rid)
+    assert PLAN["rollout_max_inflight"] < most <= BATCH  # the window is the batch (32), not the 12 set above

@@ -19,7 +19,7 @@ from trl_alloc.rollout.engine_model import SimulatedRollouts, simulate_engine
 SCHEDULES = 2000
 PLAN = dict(prompts=24, rounds=6, budget=6 * 32, unit_size=4, units_per_group=2, capacity=8, tau_low=0.45,
             history_decay=1.0, drift=1.5, engine_seqs=10, step_ms=25.0, length_median=4.0, length_sigma=0.8,
-            max_tokens=12, window=12, train_ms_per_token=0.5, sync_s=0.1)
+            max_tokens=12, rollout_max_inflight=12, train_ms_per_token=0.5, sync_s=0.1)
 METHODS = ("cero+sara", "uniform+dynamic_sampling", "uniform", "uniform+sara")
 MAX_POLLS = 20_000  # far more than any schedule needs: more is a hang
 

@@ -158,7 +158,8 @@ def test_engine_model_stream_rows_add_up():
     """plan.py's stream rows: training in the loop, overlap shortens the wall clock, totals add up."""
     args = argparse.Namespace(prompts=600, rounds=40, budget=8000, unit_size=4, units_per_group=2, capacity=60,
                               tau_low=0.45, history_decay=1.0, drift=1.5, seed=0, engine_seqs=64, step_ms=25.0,
-                              length_median=300.0, length_sigma=0.6, max_tokens=1024, window=64, detect_length=128,
+                              length_median=300.0, length_sigma=0.6, max_tokens=1024, rollout_max_inflight=64,
+                              detect_length=128,
                               train_gpus=2, train_ms_per_token=0.5, sync_s=1.0, max_staleness=2)
     sync = simulate_engine("uniform", "sync", args, 6)
     stream = simulate_engine("uniform", "stream", args, 6)
@@ -180,7 +181,8 @@ def test_engine_model_colocate_overlaps_nothing():
     surplus, running when the round has its groups, is carried."""
     args = argparse.Namespace(prompts=600, rounds=40, budget=8000, unit_size=4, units_per_group=2, capacity=60,
                               tau_low=0.45, history_decay=1.0, drift=1.5, seed=0, engine_seqs=64, step_ms=25.0,
-                              length_median=300.0, length_sigma=0.6, max_tokens=1024, window=64, detect_length=128,
+                              length_median=300.0, length_sigma=0.6, max_tokens=1024, rollout_max_inflight=64,
+                              detect_length=128,
                               train_gpus=1, train_ms_per_token=0.5, sync_s=1.0, max_staleness=2, colocate=True)
     for method in ("uniform", "cero+sara"):
         stream = simulate_engine(method, "stream", args, 6)

@@ -56,6 +56,11 @@ ALLOCATION_FIELDS = [  # (name, type, field): the run's allocation settings; the
         "help": "Stream mode: the most policy versions a trained token may be older than the policy that trains it; "
         "an open group that would exceed it is dropped (its rollouts aborted and counted). Stale tokens get TRL's "
         "vLLM importance-sampling correction (`vllm_importance_sampling_correction`)."})),
+    ("rollout_max_inflight", int | None, field(default=None, metadata={
+        "help": "Events and stream modes: most rollouts running at once (the window). None = the generation batch "
+        "(what stock TRL runs). In a stream, a window larger than the generation batch starts later rounds' "
+        "rollouts before earlier ones train, so the first rounds close with nothing to train "
+        "(docs/choosing-settings.md)."})),
 ]
 
 
@@ -123,6 +128,12 @@ class AllocationRules:
     def prunes(self) -> bool:
         """A pruning method is chosen (pruning='none' registers no class)."""
         return method_class("pruning", self.pruning) is not None
+
+    @property
+    def rollout_window(self) -> int:
+        """Most rollouts in flight at once in events and stream modes: `rollout_max_inflight`, else the generation
+        batch (the trainer's rule; the engine model and the rollout bench read it here)."""
+        return int(self.rollout_max_inflight or self.generation_batch_size)
 
     @property
     def nominal_prompts_per_round(self) -> int:

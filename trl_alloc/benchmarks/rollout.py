@@ -156,7 +156,7 @@ def run_rounds(method: str, config: AllocGRPOConfig, backend: ServerBackend | Co
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
     pruner = None if not config.prunes else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
     allocator = Allocator.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
-    window = config.rollout_max_inflight or config.generation_batch_size
+    window = config.rollout_window
     per_round, snapshots, head_state = [], [], None
 
     def on_detect(snaps):
@@ -213,7 +213,7 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": config.pruning}
     pruner = None if not config.prunes else RolloutPruner(config, hidden_size=hidden_size, seed=config.seed)
     allocator = Allocator.from_config(config, num_prompts, config.num_rounds, plan=plan, pruner=pruner)
-    window = config.rollout_max_inflight or config.generation_batch_size
+    window = config.rollout_window
     rollouts = backend.rollouts(config, window, None if pruner is None else pruner.head)
     detect = {} if pruner is None else {
         "detect_at": pruner.detect_length, "on_observe": pruner.record,
@@ -303,7 +303,7 @@ def predict_rounds(method: str, config: AllocGRPOConfig, result: dict[str, Any],
 
     plan = {"pacing": config.pacing, "filling": config.filling, "pruning": "none"}
     allocator = Allocator.from_config(config, num_prompts, config.num_rounds, plan=plan)
-    window = config.rollout_max_inflight or config.generation_batch_size
+    window = config.rollout_window
     sim = SimulatedRollouts(outcome, window, step, seed=seed)
     success = lambda r: r.info["success"]  # noqa: E731
     seconds = []

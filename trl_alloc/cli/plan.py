@@ -88,11 +88,12 @@ def engine_table(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                                      args.engine_rounds, keep)
     colocate = getattr(args, "colocate", False)  # (a caller's namespace may predate --colocate)
     gpus = 1 if colocate else args.gpus_per_engine + args.train_gpus
-    overcommit = plan_config("uniform+sara", args).sara_overcommit
+    overcommit, window = plan_config("uniform+sara", args).sara_overcommit, plan_config("uniform", args).rollout_window
     print(f"\nengine model: {args.engine_seqs} sequences, {args.step_ms:g} ms/step (+ "
           f"{getattr(args, 'step_ms_per_seq', 0.0):g} ms per "
           f"running sequence), lengths median "
-          f"{args.length_median:g} (σ {args.length_sigma:g}) cut at {args.max_tokens}, window {args.window}, "
+          f"{args.length_median:g} (σ {args.length_sigma:g}) cut at {args.max_tokens}, window {window} "
+          f"(--rollout_max_inflight, else a round's responses, as the trainer), "
           f"first {args.engine_rounds} rounds; training {args.train_ms_per_token:g} ms per trained token on each of "
           f"{args.train_gpus} GPUs, weight push {args.sync_s:g} s; SARA's overcommit {overcommit:g}; "
           f"GPU-s = wall × {gpus} GPUs"
@@ -237,7 +238,6 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--length_median", type=float, default=700.0)
     parser.add_argument("--length_sigma", type=float, default=0.6)
     parser.add_argument("--max_tokens", type=int, default=2048)
-    parser.add_argument("--window", type=int, default=None, help="rollouts in flight (default: --engine_seqs)")
     parser.add_argument("--gpus_per_engine", type=int, default=1, help="generation GPUs (one vLLM engine)")
     parser.add_argument("--train_gpus", type=int, default=8, help="training GPUs (0: generation only)")
     parser.add_argument("--train_ms_per_token", type=float, default=0.55,
@@ -273,7 +273,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     check_args(parser, args)
     if args.colocate:
         args.train_gpus = args.gpus_per_engine = 1
-    args.window = args.window or args.engine_seqs
     os.makedirs(args.output_dir, exist_ok=True)
     results, reference = {}, None
     methods = [m for m in args.methods.split(",") if m]
@@ -328,7 +327,6 @@ def plan_on_your_pool(parser: argparse.ArgumentParser, args: argparse.Namespace)
     k = args.unit_size * args.units_per_group
     pool_plan.pool_shape(args, len(probe["successes"]), k)
     args.length_median, args.max_tokens = max(probe["length_median"], 1.0), probe["max_tokens"]
-    args.window = args.window or args.engine_seqs
     if args.colocate:
         args.train_gpus = args.gpus_per_engine = 1
     check_args(parser, args)

@@ -290,7 +290,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     i = 0
     if mode == "stream":
         engine = (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=args.seed)
-        driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=args.window or None,
+        driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=config.rollout_window,
                               max_staleness=config.max_staleness, **detect)
         loop = StreamRounds(allocator, driver, rounds, colocate)
 
@@ -323,7 +323,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         while i < rounds and not allocator.budget_exhausted:
             engine = (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=[args.seed, i])
             driver = run_next_round(allocator, mode == "events", engine, lambda pid: [], lambda r: r.info["success"],
-                                    args.max_tokens, max_inflight=args.window or None, **detect)
+                                    args.max_tokens, max_inflight=config.rollout_window, **detect)
             closed = allocator.current_round
             summary = allocator.finish_round()
             kept = set(summary["groups"])

@@ -58,8 +58,6 @@ class _RunFields(GRPOConfig):
         "aborted (vLLM server mode streams them; transformers generation batches what is pending). 'stream': one "
         "stream across rounds: a round closes once it has its groups or has started its budget, its unfinished "
         "rollouts go on into the next round, whose rollouts start before this one trains (docs/benchmarks.md)."})
-    rollout_max_inflight: int | None = field(default=None, metadata={
-        "help": "Events mode: most rollouts running at once. None = the generation batch (what stock TRL runs)."})
     vllm_enforce_eager: bool | None = field(default=None, metadata={
         "help": "vLLM colocate: run the engine eagerly (no torch.compile, no CUDA graphs). None: eager on CPU, as "
         "trl-alloc-serve's CPU server (compiling costs ~30 s at each engine start on a 2-core CPU), vLLM's default "

@@ -68,7 +68,7 @@ class EventRoundMixin:
     @property
     def rollout_window(self) -> int:
         """Most rollouts in flight at once: `rollout_max_inflight`, else the generation batch."""
-        return self.args.rollout_max_inflight or self.args.generation_batch_size
+        return self.args.rollout_window
 
     @property
     def colocate_ranks(self) -> bool:
