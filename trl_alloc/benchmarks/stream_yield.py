@@ -118,11 +118,13 @@ def main_run(args: argparse.Namespace) -> int:
     if os.path.exists(args.reference):
         with open(args.reference, encoding="utf-8") as f:
             reference = json.load(f)
-    record = {"commit": code_commit(), "engine": {"plan": " ".join(ENGINE_PLAN), "seeds": args.engine_seeds,
-                                                 "rows": engine_yield(args.engine_seeds)}}
+    commit = code_commit()
+    record = {"commit": commit, "engine": {"commit": commit, "plan": " ".join(ENGINE_PLAN),
+                                           "seeds": args.engine_seeds, "rows": engine_yield(args.engine_seeds)}}
     if args.live_seeds:
         folder = args.output_dir or tempfile.mkdtemp(prefix="stream_yield_")
-        record["live"] = {"command": "python scripts/bench_rollout.py " + " ".join(LIVE_ARGS) + " --seed S",
+        record["live"] = {"commit": commit, "command": "python scripts/bench_rollout.py " + " ".join(LIVE_ARGS)
+                          + " --seed S",
                           "seeds": args.live_seeds, "rows": live_yield(args.live_seeds, folder)}
     if args.write_reference:
         os.makedirs(os.path.dirname(os.path.abspath(args.reference)), exist_ok=True)
@@ -138,8 +140,8 @@ def main_run(args: argparse.Namespace) -> int:
     for part in ("engine", "live"):
         if part in record and part in reference:
             lines = compare(reference[part]["rows"], record[part]["rows"])
-            print(markdown(lines, f"{part} (reference: commit {reference.get('commit')}, seeds "
-                                  f"{reference[part]['seeds']}; now: commit {record['commit']})") + "\n")
+            print(markdown(lines, f"{part} (reference: commit {reference[part].get('commit')}, seeds "
+                                  f"{reference[part]['seeds']}; now: commit {commit})") + "\n")
             failed |= not all(x["ok"] for x in lines)
     if args.output_dir:
         os.makedirs(args.output_dir, exist_ok=True)

@@ -235,6 +235,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "sequences: median TPOT 25.6 ms, docs/benchmarks.md)")
     parser.add_argument("--step_ms_per_seq", type=float, default=0.0,
                         help="added per running sequence (a CPU: `scripts/bench_rollout.py --calibrate` fits both)")
+    parser.add_argument("--engine_profile", default=None,
+                        help="a bench_rollout.json written by `scripts/bench_rollout.py --calibrate` on your engine: "
+                        "its fitted decode step sets --step_ms and --step_ms_per_seq")
     parser.add_argument("--length_median", type=float, default=700.0)
     parser.add_argument("--length_sigma", type=float, default=0.6)
     parser.add_argument("--max_tokens", type=int, default=2048)
@@ -264,9 +267,24 @@ def paper_shape(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def apply_engine_profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--engine_profile: the decode step `bench_rollout.py --calibrate` fitted on the user's engine (a + b × running
+    sequences) as --step_ms and --step_ms_per_seq."""
+    if not args.engine_profile:
+        return
+    try:
+        with open(args.engine_profile, encoding="utf-8") as f:
+            fit = json.load(f).get("calibration") or {}
+        args.step_ms, args.step_ms_per_seq = 1e3 * float(fit["a_s"]), 1e3 * float(fit["b_s"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        parser.error(f"--engine_profile {args.engine_profile}: no decode-step fit in it ({err!r}); write one with "
+                     "`python scripts/bench_rollout.py --calibrate --output_dir DIR` (DIR/bench_rollout.json).")
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser = make_parser()
     args = parser.parse_args(argv)
+    apply_engine_profile(parser, args)
     if args.model or args.dataset or args.probe_file:
         return plan_on_your_pool(parser, args)
     paper_shape(args)
