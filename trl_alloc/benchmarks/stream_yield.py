@@ -140,8 +140,8 @@ def main_run(args: argparse.Namespace) -> int:
     for part in ("engine", "live"):
         if part in record and part in reference:
             lines = compare(reference[part]["rows"], record[part]["rows"])
-            print(markdown(lines, f"{part} (reference: commit {reference[part].get('commit')}, seeds "
-                                  f"{reference[part]['seeds']}; now: commit {commit})") + "\n")
+            print(markdown(lines, f"{part} (reference: commit {reference[part].get('commit')}, "
+                                  f"{len(reference[part]['seeds'])} seeds; now: commit {commit})") + "\n")
             failed |= not all(x["ok"] for x in lines)
     if args.output_dir:
         os.makedirs(args.output_dir, exist_ok=True)
