@@ -1,7 +1,11 @@
 """The figures an AllocGRPOTrainer round logs through TRL's metrics (`alloc/*`, `pruning/*`, `arrol/*`, and
 TRL's own completion, reward and table columns), and the warning when nothing trains."""
 
+import resource
+import sys
+
 import numpy as np
+import psutil
 import torch
 from accelerate.utils import gather_object
 from trl.trainer.utils import nanstd
@@ -15,6 +19,7 @@ BASE_STATS = ("responses", "groups", "effective_groups", "abandoned", "generatio
 STREAM_ENTRY_KEYS = ("carried", "stale_aborted", "in_flight", "staleness_mean", "staleness_max", "stale_token_share")
 CALLS_NOTE_ROUNDS = 3  # rounds averaged before the note on generation calls (transformers generation only)
 CALLS_NOTE_ABOVE = 1.5  # mean generation calls a round above which it is printed (full groups take 1)
+MEMORY_WARN_SHARE = 0.8  # a CPU run's peak memory share of the machine above which it warns once
 
 
 # the round's engine-trainer mismatch (`sampling/*`, loss_batch._sampling_stats) kept in its history entry
@@ -98,6 +103,7 @@ class RoundMetricsMixin:
         m["alloc/time_share"].append(entry["allocator_s"] / entry["round_s"] if entry["round_s"] > 0 else 0.0)
         if "pacing_gap" in summary:
             m["alloc/pacing_gap"] = [summary["pacing_gap"]]
+        m["alloc/peak_memory_gb"].append(self._watch_memory())
         self._warn_without_signal(rows)
         self._warn_flat_groups(entry)
         self._note_generation_calls(stats["generation_calls"])
@@ -153,6 +159,21 @@ class RoundMetricsMixin:
             stats_t = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=self.accelerator.device)
             total, count = self.accelerator.gather(stats_t).view(-1, 2).sum(dim=0).tolist()
             m[name].append(total / count if count else float("nan"))
+
+    def _watch_memory(self) -> float:
+        """This process's peak memory so far, in GiB (resident on a CPU run, allocated on its GPU); on a CPU run, the
+        first time it passes MEMORY_WARN_SHARE of the machine's, one warning (`memory_warning`). (On a GPU a colocate
+        engine allocates its share up front, and running out is torch's clear OutOfMemoryError: no warning.)"""
+        if self.accelerator.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.accelerator.device) / 2**30
+        # ru_maxrss: kilobytes on Linux, bytes on macOS
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+        message = memory_warning(peak, psutil.virtual_memory().total, self.args, self.allocator.counters["rounds"])
+        if message and not getattr(self, "_warned_memory", False):  # (each process its own: every rank logs)
+            self._warned_memory = True
+            rank = f" (process {self.accelerator.process_index})" if self.accelerator.num_processes > 1 else ""
+            print(message.replace("WARNING:", f"WARNING{rank}:", 1), flush=True)
+        return peak / 2**30
 
     def _warn_flat_groups(self, entry):
         """Once: committed groups the success signal calls mixed whose *training* reward is constant train nothing."""
@@ -211,3 +232,18 @@ class RoundMetricsMixin:
             cause = "every response succeeded: the prompts are too easy for this policy"
         print(f"[trl-alloc] WARNING: {streak} rounds in a row without one mixed group, so nothing is "
               f"trained. Likely cause: {cause}.")
+
+
+def memory_warning(peak: int, total: int, args, rounds: int) -> str | None:
+    """The warning for a process whose peak memory (bytes) passed MEMORY_WARN_SHARE of `total`, else None. On a
+    machine without swap such a run is killed by the system's out-of-memory killer at a slightly larger step, or slows
+    down while the system reclaims the file pages it runs from (measured: SmolLM2-135M, 64 responses of 64 tokens in
+    one micro-batch peaks at 19-20 GiB of 23 on a CPU; docs/reliability.md)."""
+    if peak <= MEMORY_WARN_SHARE * total:
+        return None
+    return (f"[trl-alloc] WARNING: this process's memory peaked at {peak / 2**30:.1f} of {total / 2**30:.1f} GiB "
+            f"({peak / total:.0%}) by round {rounds} (per_device_train_batch_size={args.per_device_train_batch_size}, "
+            f"max_completion_length={args.max_completion_length}): a longer or larger step may be killed for lack "
+            "of memory, or slow down while the system reclaims it. Train the same responses a round in smaller "
+            "micro-batches: lower per_device_train_batch_size and raise gradient_accumulation_steps by the same "
+            "factor, or set gradient_checkpointing: true.")
