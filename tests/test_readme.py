@@ -35,5 +35,5 @@ def test_the_quick_start_runs(tmp_path):
     done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "quickstart.py")], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "'budget'" in done.stdout  # the allocation summary printed
+    assert "'budget_responses'" in done.stdout  # the allocation summary printed
     assert (tmp_path / "outputs" / "quickstart" / "allocation" / "summary.json").is_file()

@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 
 # the live CPU bench's scale on the CPU-calibrated engine model (docs/benchmarks.md, "one stream across rounds"):
-# B = 8 groups of k = 8 a round, 8 rounds, window 64, 69 ms a decode step + 5.9 ms per running sequence
-ENGINE_PLAN = ("--prompts 2000 --budget 512 --rounds 8 --engine_rounds 8 --capacity 16 --engine_seqs 64 "
-               "--step_ms 69 --step_ms_per_seq 5.9 --length_median 60 --max_tokens 96 --train_gpus 1 "
-               "--train_ms_per_token 0 --sync_s 0").split()
+# B = 8 groups of k = 8 a round, 8 rounds, window 64, 69 ms a decode step + 5.9 ms per running sequence; the
+# allocation at the trainer's defaults (plan.py's flags for the same plan; the other engine figures its defaults)
+ENGINE_PLAN = {"prompts": 2000, "budget": 512, "rounds": 8, "capacity": 16, "unit_size": 4, "units_per_group": 2,
+               "engine_seqs": 64, "step_ms": 69.0, "step_ms_per_seq": 5.9, "length_median": 60.0,
+               "length_sigma": 0.6, "max_tokens": 96, "drift": 1.5, "train_gpus": 1, "train_ms_per_token": 0.0,
+               "sync_s": 0.0, "colocate": False, "detect_length": 512}
 ENGINE_ROWS = {"stock sync": ("uniform", "sync"), "stock stream": ("uniform", "stream"),
                "cero+sara stream": ("cero+sara", "stream")}
 LIVE_ARGS = ["--rounds", "8", "--methods", "stock,cero_sara_stream", "--max_completion_length", "64"]
@@ -38,17 +40,15 @@ LIVE_ROWS = {"stock": "stock", "cero+sara stream": "cero_sara_stream"}
 def engine_yield(seeds: list[int], max_staleness: int = 2) -> dict[str, dict[str, list[float]]]:
     """Per row of `ENGINE_ROWS`, per seed: effective groups a round and responses per effective group, on the
     engine model at `ENGINE_PLAN` with the trainer's defaults otherwise (`rollout.engine_model.simulate_engine`)."""
-    from ..cli.plan import make_parser
     from ..rollout.engine_model import simulate_engine
 
     out = {name: {"effective_groups_per_round": [], "responses_per_effective_group": []} for name in ENGINE_ROWS}
     for seed in seeds:
-        args = make_parser().parse_args([*ENGINE_PLAN, "--seed", str(seed)])
-        args.max_staleness = max_staleness
+        args = argparse.Namespace(**ENGINE_PLAN, seed=seed, max_staleness=max_staleness)
         for name, (method, mode) in ENGINE_ROWS.items():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                r = simulate_engine(method, mode, args, args.engine_rounds)
+                r = simulate_engine(method, mode, args, args.rounds)
             out[name]["effective_groups_per_round"].append(r["effective_groups"] / r["rounds"])
             out[name]["responses_per_effective_group"].append(r["responses"] / max(r["effective_groups"], 1))
     return out
@@ -119,7 +119,7 @@ def main_run(args: argparse.Namespace) -> int:
         with open(args.reference, encoding="utf-8") as f:
             reference = json.load(f)
     commit = code_commit()
-    record = {"commit": commit, "engine": {"commit": commit, "plan": " ".join(ENGINE_PLAN),
+    record = {"commit": commit, "engine": {"commit": commit, "plan": ENGINE_PLAN,
                                            "seeds": args.engine_seeds, "rows": engine_yield(args.engine_seeds)}}
     if args.live_seeds:
         folder = args.output_dir or tempfile.mkdtemp(prefix="stream_yield_")

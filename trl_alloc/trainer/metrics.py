@@ -3,6 +3,7 @@ TRL's own completion, reward and table columns), and the warning when nothing tr
 
 import resource
 import sys
+from typing import Any
 
 import numpy as np
 import psutil
@@ -234,7 +235,7 @@ class RoundMetricsMixin:
               f"trained. Likely cause: {cause}.")
 
 
-def memory_warning(peak: int, total: int, args, rounds: int) -> str | None:
+def memory_warning(peak: int, total: int, args: Any, rounds: int) -> str | None:
     """The warning for a process whose peak memory (bytes) passed MEMORY_WARN_SHARE of `total`, else None. On a
     machine without swap such a run is killed by the system's out-of-memory killer at a slightly larger step, or slows
     down while the system reclaims the file pages it runs from (measured: SmolLM2-135M, 64 responses of 64 tokens in
