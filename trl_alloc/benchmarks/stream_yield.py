@@ -5,9 +5,10 @@ how and when to run it).
 
 The tolerance (`tolerance`): a figure fails when its mean over seeds is below the reference's by more than three
 standard errors of a difference of two means, 3 · s · sqrt(1/n_ref + 1/n), s the reference's SD over seeds. A
-change that only reshuffles the random draws stays within it; a drop of a third, as the one reported in
-issue 51, does not (at the reference's spread). The engine model is deterministic for a seed, so at the reference's
-commit its figures are exact; the live figures move with the machine's timing, hence their seeds.
+change that only reshuffles the random draws stays within it; a drop of a third (the size of the one a user
+reported on 2026-12-06, docs/benchmarks.md "The stream's yield at equal settings") does not, at the reference's
+spread. The engine model is deterministic for a seed, so at the reference's commit its
+figures are exact; the live figures move with the machine's timing, hence their seeds.
 """
 
 from __future__ import annotations
