@@ -198,7 +198,9 @@ class AllocGRPOConfig(_MethodFields):
 
 
 # The `Parameters:` block of the configs' docstrings, grouped as GRPOConfig's is, rendered from the fields' `help`
-# (one text per field: `--help`, the docstring and the docs read the same words).
+# (one text per field: `--help`, the docstring and the docs read the same words). Google style, `name (type): help`,
+# so the API reference (docs/api.md, mkdocstrings) shows the type in its Type column and the default in its Default
+# column, read from the signature.
 PARAMETER_GROUPS = {  # the run's own fields; then one group per method, from its class's declarations
     "Stages of the sampling pipeline (allocation.registry)": (
         "pacing", "filling", "pruning", "pacing_kwargs", "filling_kwargs"),
@@ -213,7 +215,7 @@ PARAMETER_GROUPS = {  # the run's own fields; then one group per method, from it
 
 
 def parameters_doc(cls: type, groups: dict[str, tuple[str, ...]]) -> str:
-    """TRL's `Parameters:` docstring block for `cls`'s fields named in `groups` ({title: field names})."""
+    """The `Parameters:` docstring block for `cls`'s fields named in `groups` ({title: field names})."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     lines = ["", "    Parameters:"]
     for title, names in groups.items():
@@ -221,8 +223,7 @@ def parameters_doc(cls: type, groups: dict[str, tuple[str, ...]]) -> str:
         for name in names:
             f = fields[name]
             kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-            default = "" if f.default is None else f", defaults to `{f.default!r}`"
-            lines.append(f"        {name} (`{kind}`, *optional*{default}):")
+            lines.append(f"        {name} ({kind}):")
             lines += [f"            {line}" for line in textwrap.wrap(f.metadata.get("help", ""), 105)]
         lines.append("")
     return "\n".join(lines)
