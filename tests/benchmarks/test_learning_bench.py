@@ -161,6 +161,39 @@ def test_the_bench_runs_train_script_on_local_jsonl_files_and_keeps_finished_run
     assert json.loads((runs / "stock-s0.json").read_text()) == got["stock-s0.json"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_interrupted_run_resumes_from_its_checkpoint_with_its_curve(tmp_path):
+    """A learning run that a stopped session left at a checkpoint goes on from it: the curve it kept (points and
+    seconds) continues, no new "before" is evaluated, and the record says where it resumed."""
+    import shutil
+
+    from trl_alloc.benchmarks.learning import run_one
+    from trl_alloc.tasks.tiny import get_tiny_model_dir
+
+    train_args = ["--config", str(ROOT / "configs" / "tiny_cpu.yaml"),
+                  "--model_name_or_path", get_tiny_model_dir(task="arithmetic"), "--num_rounds", "4",
+                  "--num_builtin_prompts", "64", "--num_eval_prompts", "12", "--eval_samples", "2",
+                  "--per_device_train_batch_size", "32", "--save_total_limit", "4"]
+    whole = run_one("stock", 0, train_args, str(tmp_path / "runs_a"), str(tmp_path / "a"), eval_every=1,
+                    save_steps=2)
+    kept = json.loads((tmp_path / "a" / "stock-s0" / "checkpoint-2" / "held_out_curve.json").read_text())
+    assert [p["when"] for p in kept["points"]] == ["before", "round-1", "round-2"] and kept["elapsed"][0] > 0
+    # a stopped session: only the step-2 checkpoint is there
+    shutil.copytree(tmp_path / "a" / "stock-s0" / "checkpoint-2", tmp_path / "b" / "stock-s0" / "checkpoint-2")
+    resumed = run_one("stock", 0, train_args, str(tmp_path / "runs_b"), str(tmp_path / "b"), eval_every=1,
+                      save_steps=2)
+    assert resumed["resumed_at_steps"] == [2] and whole["resumed_at_steps"] == []
+    curve = resumed["held_out_curve"]
+    assert curve[:3] == kept["points"]  # the kept points, as they were
+    assert [p["when"] for p in curve] == [p["when"] for p in whole["held_out_curve"]]
+    assert [p["responses"] for p in curve] == [p["responses"] for p in whole["held_out_curve"]] == [0, 32, 64, 96,
+                                                                                                    128]
+    assert all(a["seconds"] < b["seconds"] for a, b in zip(curve, curve[1:]))  # seconds carried, not restarted
+    assert resumed["held_out_accuracy_before"] == whole["held_out_accuracy_before"]
+    assert "held-out accuracy before training" not in (tmp_path / "b" / "stock-s0.log").read_text()
+
+
 def test_train_script_refuses_a_curve_in_stream_mode(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config",
                            str(ROOT / "configs" / "tiny_cpu.yaml"), "--rollout_mode", "stream", "--eval_every", "2",

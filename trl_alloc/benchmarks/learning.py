@@ -58,19 +58,49 @@ def code_commit() -> str | None:
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+def interrupted_at(out: str) -> int | None:
+    """The optimizer step of the newest complete checkpoint an interrupted run left in `out`, or None."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(out) if os.path.isdir(out) else None
+    return int(last.rsplit("-", 1)[1]) if last else None
+
+
 def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, work_dir: str, eval_every: int,
-            timeout: float | None = None, eval_every_responses: int = 0) -> dict[str, Any]:
+            timeout: float | None = None, eval_every_responses: int = 0, save_steps: int = 0) -> dict[str, Any]:
     """One `train.py` run of `method` at `seed` (its output in `work_dir/<method>-s<seed>`); its record (settings,
-    code commit, engine, curve, allocation summary, wall seconds) is written to the runs folder and returned."""
+    code commit, engine, curve, allocation summary, wall seconds) is written to the runs folder and returned.
+    With `save_steps`, the run keeps its newest checkpoint (with its curve so far) every `save_steps` optimizer steps,
+    and a run that a stopped session interrupted resumes from it; the record lists the steps it resumed at."""
     out = os.path.join(work_dir, f"{method}-s{seed}")
     cmd = [sys.executable, TRAIN_SCRIPT, *train_args, *method_flags(method), "--seed", str(seed),
            "--output_dir", out, "--eval_every", str(eval_every), "--eval_every_responses", str(eval_every_responses)]
+    if save_steps:
+        cmd += ["--save_strategy", "steps", "--save_steps", str(save_steps)]
+        cmd += [] if "--save_total_limit" in train_args else ["--save_total_limit", "1"]
+    progress_path = out + ".progress.json"  # the seconds and resumptions of the run's earlier, interrupted parts
+    progress = {"wall_s": 0.0, "resumed_at_steps": [], "commits": []}
+    step = interrupted_at(out) if save_steps else None
+    if step is not None and os.path.isfile(progress_path):
+        with open(progress_path, encoding="utf-8") as f:
+            progress = json.load(f)
+    if step is not None:
+        cmd += ["--resume_from_checkpoint", "true"]
+        progress["resumed_at_steps"].append(step)
     commit = code_commit()
+    progress["commits"].append(commit)
     os.makedirs(work_dir, exist_ok=True)
     t0 = time.perf_counter()
-    with open(out + ".log", "w", encoding="utf-8") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-    wall_s = time.perf_counter() - t0
+    with open(out + ".log", "a" if step is not None else "w", encoding="utf-8") as log:
+        with open(progress_path, "w", encoding="utf-8") as f:
+            json.dump(progress, f)
+        try:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+        finally:
+            progress["wall_s"] += time.perf_counter() - t0
+            with open(progress_path, "w", encoding="utf-8") as f:
+                json.dump(progress, f)
+    wall_s = progress["wall_s"]
     if proc.returncode != 0:
         raise RuntimeError(f"{method} seed {seed}: train.py exited with {proc.returncode} (log: {out}.log)")
     with open(os.path.join(out, "allocation", "summary.json"), encoding="utf-8") as f:
@@ -84,6 +114,7 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
             "held_out_accuracy_before", "held_out_accuracy_after", "held_out_split", "held_out_prompts",
             "held_out_samples", "held_out_backend", "held_out_curve", "budget_responses", "methods")
     record = {"method": method, "seed": seed, "commit": commit, "command": cmd[1:], "wall_s": wall_s,
+              "resumed_at_steps": progress["resumed_at_steps"], "commits": sorted(set(progress["commits"]) - {None}),
               **{k: summary.get(k) for k in keys}}
     os.makedirs(runs_dir, exist_ok=True)
     with open(run_path(runs_dir, method, seed), "w", encoding="utf-8") as f:

@@ -7,7 +7,8 @@ works (`--dataset_name train.jsonl --test_dataset_name test.jsonl`).
         -- --config configs/learning_smollm2.yaml
     python scripts/bench_learning.py --report_only --runs_dir docs/data/learning_smollm2   # the table and plot only
 
-Runs already in `--runs_dir` are kept and not run again: a later session adds seeds to the same folder.
+Runs already in `--runs_dir` are kept and not run again: a later session adds seeds to the same folder. A run a
+stopped session interrupted resumes from its newest checkpoint (`--save_steps`), with its curve so far.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, l
                    "for every method (0: off)")
     p.add_argument("--runs_dir", default="outputs/bench_learning/runs", help="one JSON per finished run (kept)")
     p.add_argument("--output_dir", default="outputs/bench_learning", help="table, figures, plot, train.py outputs")
+    p.add_argument("--save_steps", type=int, default=4,
+                   help="keep each run's newest checkpoint every this many optimizer steps, so a run a stopped "
+                   "session interrupted resumes there (0: no checkpoints; an interrupted run starts again)")
     p.add_argument("--timeout", type=float, default=None, help="seconds one train.py run may take")
     p.add_argument("--report_only", action="store_true", help="only the table and plot of the runs in --runs_dir")
     args = p.parse_args(own)
@@ -63,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
                 print(f"[bench_learning] {method} seed {seed}: running", flush=True)
                 r = run_one(method, seed, train_args, args.runs_dir, os.path.join(args.output_dir, "train"),
                             args.eval_every, timeout=args.timeout,
-                            eval_every_responses=args.eval_every_responses)
+                            eval_every_responses=args.eval_every_responses, save_steps=args.save_steps)
                 print(f"[bench_learning] {method} seed {seed}: held-out {r['held_out_accuracy_before']:.3f} -> "
                       f"{r['held_out_accuracy_after']:.3f}, {r['responses_spent']} responses, "
                       f"{r['held_out_curve'][-1]['seconds']:.0f} s of run ({r['wall_s']:.0f} s with evaluation)",

@@ -1,8 +1,11 @@
 """`train.py --eval_every N`: the learning curve in the user's currency, held-out accuracy against the responses
-spent and the run's seconds (generation and training; the evaluations' own seconds excluded), wall and CPU."""
+spent and the run's seconds (generation and training; the evaluations' own seconds excluded), wall and CPU. Each
+checkpoint keeps the curve so far (`held_out_curve.json`), so a resumed run goes on with it."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,6 +32,18 @@ def cpu_seconds() -> float:
     return total
 
 
+CURVE_NAME = "held_out_curve.json"  # in each checkpoint folder
+
+
+def saved_curve(checkpoint: str | None) -> dict[str, Any] | None:
+    """The curve a checkpoint kept (`HeldOutCurve.state_dict`), or None."""
+    path = os.path.join(checkpoint, CURVE_NAME) if checkpoint else None
+    if path is None or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 class HeldOutCurve(TrainerCallback):
     """Held-out accuracy every `every` rounds and, with `every_responses`, after the round in which the responses
     spent pass another multiple of it (0 turns either off). `evaluate(when)` runs on every rank and returns the
@@ -45,6 +60,7 @@ class HeldOutCurve(TrainerCallback):
         self.ended: tuple[float, float] = (0.0, 0.0)  # the run's (seconds, CPU seconds) after its last optimizer step
         self.excluded = [0.0, 0.0]  # the evaluations' own (seconds, CPU seconds)
         self._last_round = 0
+        self.carried = (0.0, 0.0)  # (seconds, CPU seconds) of the run before it was resumed
 
     @staticmethod
     def _clocks() -> tuple[float, float]:
@@ -55,7 +71,22 @@ class HeldOutCurve(TrainerCallback):
         if self.started is None:
             return 0.0, 0.0
         now = self._clocks() if now is None else now
-        return tuple(n - s - e for n, s, e in zip(now, self.started, self.excluded))
+        return tuple(c + n - s - e for c, n, s, e in zip(self.carried, now, self.started, self.excluded))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The curve so far and the run's seconds, for a checkpoint."""
+        return {"points": self.points, "elapsed": list(self.elapsed()), "last_mark": self._last_mark,
+                "last_round": self._last_round}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from a checkpoint's curve: its points, its marks, and its seconds carried into this run's."""
+        self.points = list(state["points"])
+        self.carried = tuple(float(x) for x in state["elapsed"])
+        self._last_mark, self._last_round = int(state["last_mark"]), int(state["last_round"])
+
+    def before_accuracy(self) -> float | None:
+        """The accuracy before training, from the points (None when there is none)."""
+        return next((p["accuracy"] for p in self.points if p["when"] == "before"), None)
 
     def add(self, when: str, accuracy: float | None, at: tuple[float, float] | None = None) -> None:
         """One point of the curve at the trainer's counters now (nothing on the other ranks); `at`: its (seconds,
@@ -71,6 +102,13 @@ class HeldOutCurve(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
         self.started = self._clocks()
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        if self.trainer.args.should_save:  # the checkpoint folder is complete and renamed into place by now
+            folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            with open(os.path.join(folder, CURVE_NAME), "w", encoding="utf-8") as f:
+                json.dump(self.state_dict(), f)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:

@@ -252,6 +252,14 @@ def _main(argv=None):
 
     before, through_engine = None, training_args.use_vllm and not (
         training_args.vllm_mode == "colocate" and training_args.vllm_enable_sleep_mode)
+    resume = resume_argument(training_args.resume_from_checkpoint)
+    from trl_alloc.cli.curve import saved_curve
+    from transformers.trainer_utils import get_last_checkpoint
+    out = training_args.output_dir
+    resumed_curve = saved_curve((get_last_checkpoint(out) if os.path.isdir(out) else None) if resume is True
+                                else resume or None)
+    if resumed_curve is not None and test is not None:  # a resumed run goes on with its curve, not a new "before"
+        before = next((p["accuracy"] for p in resumed_curve["points"] if p["when"] == "before"), None)
 
     def evaluate_held_out(when, backend):
         accuracy = held_out_accuracy(backend, tokenizer, test, script_args, training_args, reward_fn,
@@ -263,12 +271,12 @@ def _main(argv=None):
             print(f"[trl-alloc] held-out accuracy at {when}: {accuracy:.4f}")
         return accuracy
 
-    if test is not None and not through_engine and state.is_main_process:
+    if test is not None and before is None and not through_engine and state.is_main_process:
         before = evaluate_held_out("before", TransformersBackend(model, tokenizer))
     trainer_class = AllocDAPOTrainer if config_class.__name__ == "AllocDAPOConfig" else AllocGRPOTrainer
     trainer = trainer_class(model=model, reward_funcs=reward_fn, args=training_args, train_dataset=train,
                             processing_class=tokenizer, peft_config=get_peft_config(model_args))
-    if test is not None and through_engine:  # the run's own vLLM engine samples faster than transformers
+    if test is not None and before is None and through_engine:  # the run's own engine samples faster
         sync_vllm_weights(trainer)  # (every rank: collective; nothing was pushed yet)
         if state.is_main_process:
             before = evaluate_held_out("before", engine_backend(trainer))
@@ -284,9 +292,12 @@ def _main(argv=None):
         from trl_alloc.cli.curve import HeldOutCurve
         curve = HeldOutCurve(script_args.eval_every, trainer, evaluate_now,
                              every_responses=script_args.eval_every_responses)
-        curve.add("before", before, (0.0, 0.0))
+        if resumed_curve is not None:
+            curve.load_state_dict(resumed_curve)
+        else:
+            curve.add("before", before, (0.0, 0.0))
         trainer.add_callback(curve)
-    trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     if test is not None and through_engine:
         sync_vllm_weights(trainer)  # the last optimizer step's weights, which no round generated with
