@@ -75,16 +75,17 @@ def probe_backend(kind: str, model_dir: str, tokenizer: Any, seed: int = 0,
 
 def probe_pool(model: str, dataset: str, k: int = 8, num_prompts: int = 64, max_tokens: int = 256,
                temperature: float = 1.0, seed: int = 0, backend: str = "auto", reward: str = "auto",
-               levels: list[int] | None = None, progress: bool = True) -> dict[str, Any]:
-    """`k` responses to each of `num_prompts` sampled prompts, scored: per prompt its successes and failures (a
-    response no reward could score is neither), with the probe's own cost (responses, tokens, seconds)."""
+               levels: list[int] | None = None, progress: bool = True, pool: Dataset | None = None) -> dict[str, Any]:
+    """`k` responses to each of `num_prompts` sampled prompts (or to each row of `pool`, a prompt dataset already
+    chosen), scored: per prompt its successes and failures (a response no reward could score is neither), with the
+    probe's own cost (responses, tokens, seconds)."""
     from transformers import AutoTokenizer
 
     from ..evaluation import generate_samples, score_samples
     from ..tasks.data import reward_for_dataset
 
     model_dir = probe_model_dir(model, dataset)
-    ds = sample_pool(dataset, num_prompts, seed=seed, levels=levels)
+    ds = sample_pool(dataset, num_prompts, seed=seed, levels=levels) if pool is None else pool
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     engine = probe_backend(backend, model_dir, tokenizer, seed=seed)
     t0 = time.perf_counter()
