@@ -204,8 +204,9 @@ class RoundMetricsMixin:
               f"first {len(seen)} rounds (full groups take 1). With transformers generation each call costs about "
               "the decoding time of its longest completion whatever its batch, so a round's generation time grows "
               "with its calls (on an H200, CERO + SARA: 6-9 calls and 4.6-5.7x stock's seconds a round; "
-              "docs/benchmarks.md, \"The learning regime\"). The rollout savings hold; for seconds, generate with "
-              "vLLM (`use_vllm: true`; `rollout_mode: auto` then streams an adaptive filler on GPUs).")
+              "docs/benchmarks.md, \"On an H200 with transformers generation\"). The rollout savings hold; for "
+              "seconds, generate with vLLM (`use_vllm: true`; `rollout_mode: auto` then streams an adaptive filler "
+              "on GPUs).")
 
     def _warn_without_signal(self, rows):
         """After `no_signal_warning_rounds` rounds in a row without a mixed group, or at the end of a shorter run that
