@@ -92,11 +92,15 @@ def check_arrival_order(rollouts, hold=None):
             time.sleep(1.0)
             assert rollouts.generated_tokens() == dict.fromkeys(long + short, 0)  # none has started
     first = rollouts.next_completed(timeout=120)
-    assert first and all(r.tag == "short" for r in first)  # 4 tokens finish before the long one's other 479
+    assert first and first[0].tag == "short"
     seen = list(first)
     while rollouts.in_flight:
         seen += rollouts.next_completed(timeout=120)
     assert sorted(r.rid for r in seen) == sorted(long + short)  # each exactly once
+    # in the order they finished: 4 tokens end before the long one's other 479. (Not "in separate polls": on a busy
+    # 2-core machine the tiny model may decode the 476 steps before the client's poll, and the API server can hand
+    # all four over at once; the short streams' last chunks still reach their readers first.)
+    assert [r.tag for r in seen] == ["short"] * 3 + ["long"]
     assert all(len(r.token_ids) == r.max_tokens == len(r.logprobs) and r.finish_reason == "length" for r in seen)
     assert all(lp <= 0 for r in seen for lp in r.logprobs)
 
