@@ -88,3 +88,21 @@ def test_the_probe_samples_the_runs_own_pool_at_its_settings():
     sampled = probe_run(settings, seed=4, model="tiny", probe_prompts=5, backend="transformers")
     assert len(sampled["prompts"]) == 5 and set(sampled["prompts"]) <= set(probe["prompts"])
     assert sampled["pool_prompts"] == 12 and probed_rates(sampled, 4).size == 12
+
+
+def test_the_script_reuses_kept_probes_and_writes_the_table(tmp_path, capsys):
+    from trl_alloc.cli.validate_plan import main
+
+    runs, probes = tmp_path / "runs", tmp_path / "probes"
+    runs.mkdir()
+    probes.mkdir()
+    for r in (record("stock", 0, 60), record("cero_sara", 0, 70, 1190)):
+        (runs / f"{r['method']}-s0.json").write_text(json.dumps(r))
+    k = np.random.default_rng(1).integers(0, 9, 64)
+    (probes / "probe-s0.json").write_text(json.dumps({"successes": k.tolist(), "failures": (8 - k).tolist()}))
+    result = main(["--runs_dir", str(runs), "--probe_dir", str(probes), "--plan_seeds", "2", "--label", "kept"])
+    printed = capsys.readouterr().out
+    assert "probing" not in printed and "**kept**" in printed and "| cero_sara | 1 | 70.0 |" in printed
+    saved = json.loads((probes / "validation.json").read_text())
+    assert saved["rows"] == json.loads(json.dumps(result["rows"])) and "cero_sara" in saved["by_method"]
+    assert (probes / "validation.md").read_text().strip() == saved["table"]
