@@ -70,7 +70,8 @@ def test_validate_pairs_every_record_with_its_predictions():
     assert sara["fit_other"]["n"] == 1
     assert order_matches(table, "static") in (True, False)
     text = markdown(result, "constructed")
-    assert "| sara | 2 | 62.0 |" in text and "fitted on seed 0's stock" in text
+    assert (sara["measured"]["min"], sara["measured"]["max"]) == (58, 66)
+    assert "| sara | 2 | 62.0 (58–66) |" in text and "fitted on seed 0's stock" in text
     json.dumps(result, default=float)  # what validate_plan.py writes
 
 
@@ -102,7 +103,7 @@ def test_the_script_reuses_kept_probes_and_writes_the_table(tmp_path, capsys):
     (probes / "probe-s0.json").write_text(json.dumps({"successes": k.tolist(), "failures": (8 - k).tolist()}))
     result = main(["--runs_dir", str(runs), "--probe_dir", str(probes), "--plan_seeds", "2", "--label", "kept"])
     printed = capsys.readouterr().out
-    assert "probing" not in printed and "**kept**" in printed and "| cero_sara | 1 | 70.0 |" in printed
+    assert "probing" not in printed and "**kept**" in printed and "| cero_sara | 1 | 70.0 (70–70) |" in printed
     saved = json.loads((probes / "validation.json").read_text())
     assert saved["rows"] == json.loads(json.dumps(result["rows"])) and "cero_sara" in saved["by_method"]
     assert (probes / "validation.md").read_text().strip() == saved["table"]

@@ -165,6 +165,8 @@ def by_method(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 entry[kind] = {key: statistics.fmean(h[key] for h in have)
                                for key in ("effective_groups", "responses_per_effective_group")}
                 entry[kind]["n"] = len(have)
+        measured = [r["measured"]["effective_groups"] for r in rows]
+        entry["measured"].update(min=min(measured), max=max(measured))
         for kind in ("static", "fit_own", "fit_other"):
             if kind in entry:
                 entry[kind]["error"] = entry[kind]["effective_groups"] / entry["measured"]["effective_groups"] - 1
@@ -189,8 +191,9 @@ def markdown(result: dict[str, Any], label: str) -> str:
     table = by_method(result)
     lines = [f"**{label}** (drift fitted to stock: " + ", ".join(f"seed {s}: {d:+.2f}" for s, d in
                                                                    sorted(result["drift"].items())) + ")", "",
-             "| method | seeds | measured eff. groups | static | fitted on its seed's stock | fitted on seed "
-             f"{result['donor_seed']}'s stock | measured resp./eff. | predicted resp./eff. (static / own / other) |",
+             "| method | seeds | measured eff. groups (min–max) | static | fitted on its seed's stock | "
+             f"fitted on seed {result['donor_seed']}'s stock | measured resp./eff. | "
+             "predicted resp./eff. (static / own / other) |",
              "|---|---|---|---|---|---|---|---|"]
 
     def cell(entry: dict[str, Any], kind: str) -> str:
@@ -200,7 +203,9 @@ def markdown(result: dict[str, Any], label: str) -> str:
     for method, e in table.items():
         rpe = " / ".join(f"{e[k]['responses_per_effective_group']:.1f}" if k in e else "–"
                          for k in ("static", "fit_own", "fit_other"))
-        lines.append(f"| {method} | {len(e['seeds'])} | {e['measured']['effective_groups']:.1f} | {cell(e, 'static')} "
+        m = e["measured"]
+        lines.append(f"| {method} | {len(e['seeds'])} | {m['effective_groups']:.1f} ({m['min']:g}–{m['max']:g}) | "
+                     f"{cell(e, 'static')} "
                      f"| {cell(e, 'fit_own')} | {cell(e, 'fit_other')} | "
                      f"{e['measured']['responses_per_effective_group']:.1f} | {rpe} |")
     lines += ["", "Order of the methods by responses per effective group, as measured: " + ", ".join(
