@@ -5,6 +5,8 @@ docs/benchmarks.md#planning-at-paper-scale-scriptsplanpy-no-model). numpy only.
 
 from __future__ import annotations
 
+import argparse
+
 import functools
 import time
 import warnings
@@ -97,6 +99,16 @@ def predicted_success_bins(predicted: np.ndarray, admitted: np.ndarray, bins: in
 PLAN_SHAPE = {"unit_size": "unit_size", "units_per_group": "max_units", "capacity": "round_capacity"}  # plan: config
 
 
+def plan_settings_for(prompts: int, rounds: int, budget: int, group_size: int = 8, seed: int = 0,
+                      **fields: Any) -> argparse.Namespace:
+    """A plan's settings (`simulate`'s `args`, as scripts/plan.py gives them): the pool, rounds, budget, seed and
+    group shape (units of 4 where the group size allows), a static synthetic drift, and the allocation `fields` a
+    run set; every other field is the trainer's default (`plan_config`)."""
+    unit = 4 if group_size % 4 == 0 else group_size
+    return argparse.Namespace(prompts=prompts, rounds=rounds, budget=budget, seed=seed, unit_size=unit,
+                              units_per_group=group_size // unit, capacity=None, drift=0.0, **fields)
+
+
 def plan_config(method: str, plan: Any) -> AllocationConfig:
     """The config of a run of `method` ('pacing+filling'; 'cero' alone: full groups) over a plan's pool: the plan's
     budget, rounds and group shape (`plan.budget`, `.rounds`, `.seed`, and `PLAN_SHAPE`'s CERO fields), and every
@@ -182,5 +194,5 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     return summary, rec, getattr(pacer, "allocation_log", None)
 
 
-__all__ = ["DriftingPool", "PLAN_SHAPE", "fit_drift", "predicted_success_bins", "plan_config", "build_method",
-           "simulate"]
+__all__ = ["DriftingPool", "PLAN_SHAPE", "fit_drift", "predicted_success_bins", "plan_config", "plan_settings_for",
+           "build_method", "simulate"]

@@ -211,14 +211,9 @@ def cero_seeding_effect(rates: np.ndarray, probe_k: int, rounds: int, budget: in
     fixed pool with the probe's success `rates`, unseeded against seeded with a fresh Binomial(probe_k, rate) probe,
     paired per seed. Returns the mean EGR of the first `early_rounds` rounds and of the run, each arm, and the paired
     difference with a 95% interval; the probe's responses (probe_k per prompt) are reported beside the budget."""
-    from types import SimpleNamespace
+    from ..allocation.simulate import DriftingPool, plan_settings_for, simulate
 
-    from ..allocation.simulate import DriftingPool, simulate
-
-    unit = 4 if group_size % 4 == 0 else group_size
-    args = SimpleNamespace(prompts=len(rates), rounds=rounds, budget=budget, unit_size=unit,
-                           units_per_group=group_size // unit, capacity=None, tau_low=0.45, history_decay=1.0,
-                           drift=0.0, seed=0)
+    args = plan_settings_for(len(rates), rounds, budget, group_size)  # every allocation field: the trainer's default
     arms = {"unseeded": {"early": [], "run": [], "effective": []}, "seeded": {"early": [], "run": [], "effective": []}}
     for seed in range(seeds):
         args.seed = seed

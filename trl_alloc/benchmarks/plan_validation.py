@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from ..allocation.config import allocation_field_names
-from ..allocation.simulate import DriftingPool, simulate
+from ..allocation.simulate import DriftingPool, plan_settings_for, simulate
 from .probe import pool_rates, probe_pool
 
 RECORD_METHODS = {"stock": "uniform", "sara": "uniform+sara", "cero_sara": "cero+sara", "cero": "cero",
@@ -85,19 +85,13 @@ def probed_rates(probe: dict[str, Any], seed: int) -> np.ndarray:
 
 
 def plan_args(settings: dict[str, Any], num_prompts: int, seed: int) -> argparse.Namespace:
-    """plan.py's settings for the run: its defaults, the run's pool, rounds and budget, and every allocation field
-    the run set (the rest: the trainer's defaults, as in the run)."""
-    from ..cli.plan import make_parser
-
-    args = make_parser().parse_args([])
-    k = int(settings["num_generations"])
-    args.unit_size, args.units_per_group = k // 2, 2
-    args.prompts, args.rounds, args.seed = num_prompts, int(settings["num_rounds"]), seed
-    args.budget = args.rounds * int(settings["per_device_train_batch_size"])
-    for name in allocation_field_names():
-        if name in settings and name not in ("pacing", "filling", "pruning"):
-            setattr(args, name, settings[name])
-    return args
+    """The planner's settings for the run (`allocation.simulate.plan_settings_for`): the run's pool, rounds, budget
+    and group size, and every allocation field the run set (the rest: the trainer's defaults, as in the run)."""
+    fields = {name: settings[name] for name in allocation_field_names()
+              if name in settings and name not in ("pacing", "filling", "pruning", "num_generations", "seed")}
+    rounds = int(settings["num_rounds"])
+    return plan_settings_for(num_prompts, rounds, rounds * int(settings["per_device_train_batch_size"]),
+                             int(settings["num_generations"]), seed, **fields)
 
 
 def predict(method: str, rates: np.ndarray, settings: dict[str, Any], drift: float,
