@@ -36,7 +36,7 @@ from ..allocation.factory import round_kwargs
 from ..allocation.simulate import DriftingPool, build_method
 from .backends import Rollout
 from .drivers import StreamDriver
-from .loop import StreamRounds, run_next_round
+from .loop import Rounds
 
 
 class SimulatedRollouts:
@@ -287,12 +287,12 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         allocator.load_state_dict(state, check_plan=False)
 
     detect = {"detect_at": pruning and args.detect_length, "on_detect": pruning and on_detect}
+    success = lambda r: r.info["success"]  # noqa: E731
     i = 0
     if mode == "stream":
         engine = (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=args.seed)
         driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=config.rollout_window,
                               max_staleness=config.max_staleness, **detect)
-        loop = StreamRounds(allocator, driver, rounds, colocate)
 
         def train_and_sync():  # the trainer's step, then the weight push
             if colocate:  # one GPU: the engine waits for the trainer
@@ -300,40 +300,28 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
             else:
                 engine.run_for(train_s)
                 engine.pause_for(sync_s)
-        loop.open()
-        while True:
-            rnd = allocator.current_round
-            summary = loop.close(lambda r: r.info["success"])
-            trained = driver.trained
-            train_s = close_round(rnd, summary, trained, driver, driver.token_staleness)
+        for rnd in Rounds.stream(allocator, driver, rounds, colocate, success, push=train_and_sync):
+            train_s = close_round(rnd.closed, rnd.summary, rnd.trained, driver, driver.token_staleness)
             if on_close is not None:
                 on_close(driver, allocator)
             i += 1
-            loop.after_close()  # (a server: the next round generates while this one trains)
-            loop.after_train(bool(trained), train_and_sync)  # an empty round: no policy update, nothing pushed
             total["train_s"] += train_s
-            if not loop.more:
-                break
         driver.finish()
         total.update(engine_s=engine.clock_s, busy_s=engine.busy_s, slot_s=engine.clock_s * engine.slots,
                      responses=driver.spent, tokens=driver.tokens, aborted=driver.aborted,
                      carried=driver.carried_total,
                      stale_aborted=driver.stale_aborted, pruned=driver.pruned_count)
     else:
-        while i < rounds and not allocator.budget_exhausted:
-            engine = (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=[args.seed, i])
-            driver = run_next_round(allocator, mode == "events", engine, lambda pid: [], lambda r: r.info["success"],
-                                    args.max_tokens, max_inflight=config.rollout_window, **detect)
-            closed = allocator.current_round
-            summary = allocator.finish_round()
-            kept = set(summary["groups"])
-            trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
-                        "aborted": r.finish_reason == "abort", "success": r.info["success"]}
-                       for r in driver.ended if r.tag in kept]
-            train_s = close_round(closed, summary, trained, driver)
+        def engine_for(index):  # a fresh engine each round (its own seed)
+            return (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=[args.seed, index])
+        rounds_ = Rounds.synchronous(allocator, mode == "events", engine_for, lambda pid: [], success, args.max_tokens,
+                                     rounds, max_inflight=config.rollout_window, **detect)
+        for rnd in rounds_:
+            driver, engine = rnd.driver, rnd.driver.rollouts
+            train_s = close_round(rnd.closed, rnd.summary, rnd.trained, driver)
             if on_close is not None:
                 on_close(driver, allocator)
-            if resume_after is not None and i + 1 == resume_after:
+            if resume_after is not None and rnd.index + 1 == resume_after:
                 resume(allocator)
             engine.pause_for(train_s + sync_s)  # the engine waits for the trainer and the push
             for key, value in (("engine_s", engine.clock_s), ("train_s", train_s), ("responses", driver.spent),

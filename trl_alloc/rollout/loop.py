@@ -1,8 +1,19 @@
 """The rounds of a run over a rollout backend, in one place.
 
-`run_next_round`: one synchronous or events round, as the engine model (`rollout.engine_model.simulate_engine`,
-scripts/plan.py) and the rollout bench (`benchmarks.rollout`) run it. (The trainer's own deterministic and events
-rounds go through TRL's generation step across its ranks: trainer/grpo.py, trainer/event_modes.py.)
+`Rounds`: a run's rounds in one rollout mode, as the engine model (`rollout.engine_model.simulate_engine`,
+scripts/plan.py) and the rollout bench (`benchmarks.rollout`) drive them; it opens, drives and closes each round and
+decides when the run stops (its rounds done, or the budget spent):
+
+    rounds = Rounds.synchronous(allocator, events, rollouts_for, prompt_ids_of, score, max_tokens, num_rounds)
+    rounds = Rounds.stream(allocator, stream_driver, num_rounds, colocate, push=train_and_push)
+    for rnd in rounds:          # a `ClosedRound`: its summary, the filler's closed round, its driver, trained rows
+        ...record and learn from rnd...
+
+In a stream, after the loop's body the next round opens (on a server, before the training step) and `push` runs
+after a round that trained (`StreamRounds` below). (The trainer's own rounds go through TRL's generation step across
+its ranks: trainer/grpo.py, trainer/event_modes.py, with `StreamRounds` for a stream.)
+
+`run_next_round`: one synchronous or events round over a `RoundDriver`.
 
 `StreamRounds`: the order of a stream's rounds (`rollout_mode="stream"`); the trainer (trainer/event_modes.py), the
 engine model and the rollout bench all drive their `StreamDriver` through it.
@@ -27,7 +38,8 @@ policy version, so the rollouts in flight grow no older).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..allocation.event_rounds import BatchedEventRound
@@ -95,4 +107,80 @@ class StreamRounds:
         return self.open() if self.more and self.colocate and not self.is_open else None
 
 
-__all__ = ["StreamRounds", "run_next_round"]
+@dataclass
+class ClosedRound:
+    """One closed round, as `Rounds` yields it."""
+
+    index: int                    # rounds closed before it in this loop
+    summary: dict[str, Any]       # `Allocator.finish_round`'s
+    closed: Any                   # the filler's closed round
+    driver: RoundDriver | StreamDriver
+    trained: list[dict[str, Any]] = field(default_factory=list)  # the rows that reach the loss
+
+
+class Rounds:
+    """A run's rounds over a rollout backend, in one rollout mode (module docstring); build it with `synchronous`
+    or `stream`. It stops after `rounds` rounds or once the pacer has spent the budget."""
+
+    def __init__(self, allocator: Allocator, rounds: int) -> None:
+        self.allocator, self.rounds = allocator, int(rounds)
+        self._iterate: Callable[[], Iterator[ClosedRound]] = lambda: iter(())
+
+    @classmethod
+    def synchronous(cls, allocator: Allocator, events: bool, rollouts_for: Callable[[int], Any],
+                    prompt_ids_of: Callable[[int], Sequence[int]], success: Callable[[Rollout], float],
+                    max_tokens: int, rounds: int, close_rollouts: bool = False, **driver_kwargs: Any) -> Rounds:
+        """Deterministic (each filler call submitted whole) or events rounds, each over `rollouts_for(i)`, the
+        backend of round i (closed after it with `close_rollouts`). `driver_kwargs`: `RoundDriver`'s."""
+        self = cls(allocator, rounds)
+
+        def iterate() -> Iterator[ClosedRound]:
+            i = 0
+            while i < self.rounds and not allocator.pacer.finished:
+                rollouts = rollouts_for(i)
+                try:
+                    driver = run_next_round(allocator, events, rollouts, prompt_ids_of, success, max_tokens,
+                                            **driver_kwargs)
+                finally:
+                    if close_rollouts:
+                        rollouts.close()
+                closed = allocator.current_round
+                summary = allocator.finish_round()
+                kept = set(summary["groups"])
+                trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
+                            "aborted": r.finish_reason == "abort", "success": r.info.get("success")}
+                           for r in driver.ended if r.tag in kept]
+                yield ClosedRound(i, summary, closed, driver, trained)
+                i += 1
+        self._iterate = iterate
+        return self
+
+    @classmethod
+    def stream(cls, allocator: Allocator, driver: StreamDriver, rounds: int, colocate: bool = False,
+               success: Callable[[Rollout], float] | None = None, push: Callable[[], None] | None = None) -> Rounds:
+        """One `StreamDriver` across rounds (`StreamRounds`): each round run to its close with `success`; after the
+        loop's body the next round opens (a server) or `push` runs and then it opens (colocate)."""
+        self = cls(allocator, rounds)
+
+        def iterate() -> Iterator[ClosedRound]:
+            loop = StreamRounds(allocator, driver, self.rounds, colocate)
+            loop.open()
+            i = 0
+            while True:
+                closed = allocator.current_round
+                summary = loop.close(success)
+                trained = driver.trained
+                yield ClosedRound(i, summary, closed, driver, trained)
+                i += 1
+                loop.after_close()  # (a server: the next round generates while this one trains)
+                loop.after_train(bool(trained), push)  # an empty round: no policy update, nothing pushed
+                if not loop.more:
+                    break
+        self._iterate = iterate
+        return self
+
+    def __iter__(self) -> Iterator[ClosedRound]:
+        return self._iterate()
+
+
+__all__ = ["ClosedRound", "Rounds", "StreamRounds", "run_next_round"]
