@@ -22,7 +22,7 @@ from scipy.optimize import nnls
 from ..allocation.allocator import Allocator
 from ..rollout.backends import VLLMServerRollouts
 from ..rollout.drivers import StreamDriver
-from ..rollout.loop import StreamRounds, run_next_round
+from ..rollout.loop import Rounds
 from ..rollout.pruning import RolloutPruner
 
 if TYPE_CHECKING:
@@ -164,25 +164,21 @@ def run_rounds(method: str, config: AllocGRPOConfig, backend: ServerBackend | Co
         return pruner.decide_snapshots(snaps, allocator.current_round)
 
     completed, score = _recording(score)
+
+    def rollouts_for(_):  # a fresh backend each round; the engine is watched while the round runs
+        nonlocal head_state
+        snapshots.clear()
+        head_state = None if pruner is None else {k: v.clone() for k, v in pruner.head.state_dict().items()}
+        monitor.active = True
+        return backend.rollouts(config, window, None if pruner is None else pruner.head)
     with backend.monitor(window) as monitor:
-        for _ in range(rounds):
-            if allocator.pacer.finished:
-                break
-            t0 = time.perf_counter()
-            rollouts = backend.rollouts(config, window, None if pruner is None else pruner.head)
-            snapshots.clear()
-            head_state = None if pruner is None else {k: v.clone() for k, v in pruner.head.state_dict().items()}
-            monitor.active = True
-            try:
-                driver = run_next_round(allocator, events, rollouts, prompt_ids_of, score,
-                                        config.max_completion_length, max_inflight=window, timeout=600,
-                                        detect_at=pruner and pruner.detect_length, on_detect=pruner and on_detect)
-            finally:
-                monitor.active = False
-                rollouts.close()
-            summary = allocator.finish_round()
-            monitor.active = True
-            time.sleep(train_s)  # the trainer's step: the engine waits
+        t0 = time.perf_counter()
+        for rnd in Rounds.synchronous(allocator, events, rollouts_for, prompt_ids_of, score,
+                                      config.max_completion_length, rounds, close_rollouts=True, max_inflight=window,
+                                      timeout=600, detect_at=pruner and pruner.detect_length,
+                                      on_detect=pruner and on_detect):
+            driver, rollouts, summary = rnd.driver, rnd.driver.rollouts, rnd.summary
+            time.sleep(train_s)  # the trainer's step: the engine waits (and is watched)
             monitor.active = False
             stats = summary["stats"]
             per_round.append({"s": time.perf_counter() - t0, "responses": driver.spent, "tokens": driver.tokens,
@@ -190,6 +186,7 @@ def run_rounds(method: str, config: AllocGRPOConfig, backend: ServerBackend | Co
                               "effective_groups": stats["effective_groups"], "groups": stats["groups"],
                               "submissions": stats["generation_calls"], "scored": rollouts.scored,
                               "scoring_s": rollouts.scoring_s + rollouts.hook_s, **summary.get("pruning", {})})
+            t0 = time.perf_counter()
     return {"rounds": per_round, "idle": monitor.idle, "occupancy": monitor.occupancy, "head_state": head_state,
             "snapshots": [{"prompt_ids": r.prompt_ids, "token_ids": r.token_ids, "score": r.info["score"]}
                           for r in snapshots if "score" in r.info], "completed": completed}
@@ -222,7 +219,6 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
                           max_staleness=config.max_staleness, **detect)
     per_round, staleness = [], []
     completed, score = _recording(score)
-    loop = StreamRounds(allocator, driver, rounds, backend.colocate)
 
     def train_step():  # the trainer's step (a server generates meanwhile), then the head the close trained
         time.sleep(train_s)
@@ -231,15 +227,12 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
     with backend.monitor(window) as monitor:
         monitor.active = True
         try:
-            loop.open()
-            while True:
-                t0, spent0, tokens0, aborted0 = time.perf_counter(), driver.spent, driver.tokens, driver.aborted
-                pruned0 = driver.pruned_count
-                summary = loop.close(score)
-                staleness.extend(row["staleness"] for row in driver.trained)
-                stats = summary["stats"]
-                loop.after_close()
-                loop.after_train(bool(driver.trained), train_step)  # an empty round: no step, nothing pushed
+            t0, spent0, tokens0, aborted0, pruned0 = time.perf_counter(), 0, 0, 0, 0
+
+            def figures(rnd):  # a round's cycle: from the end of the last one's to the end of its own training step
+                nonlocal t0, spent0, tokens0, aborted0, pruned0
+                staleness.extend(row["staleness"] for row in rnd.trained)
+                stats = rnd.summary["stats"]
                 per_round.append({"s": time.perf_counter() - t0, "responses": stats["responses"],
                                   "tokens": driver.tokens - tokens0, "aborted": driver.aborted - aborted0,
                                   "pruned": driver.pruned_count - pruned0,
@@ -247,8 +240,11 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
                                   "groups": stats["groups"],
                                   "submissions": stats["generation_calls"], "carried": driver.carried,
                                   "stale_aborted": stats["expired"], "started": driver.spent - spent0})
-                if not loop.more:
-                    break
+                t0, spent0, tokens0 = time.perf_counter(), driver.spent, driver.tokens
+                aborted0, pruned0 = driver.aborted, driver.pruned_count
+            for _ in Rounds.stream(allocator, driver, rounds, backend.colocate, score, push=train_step,
+                                   after_round=figures):
+                pass  # (nothing to train: the policy stays fixed)
         finally:
             monitor.active = False
             driver.finish()
@@ -306,28 +302,23 @@ def predict_rounds(method: str, config: AllocGRPOConfig, result: dict[str, Any],
     window = config.rollout_window
     sim = SimulatedRollouts(outcome, window, step, seed=seed)
     success = lambda r: r.info["success"]  # noqa: E731
-    seconds = []
+    seconds, t0 = [], sim.clock_s
+
+    def cycle_ends(_):  # a round's seconds: from the end of the last one's cycle to the end of its training step
+        nonlocal t0
+        seconds.append(sim.clock_s - t0)
+        t0 = sim.clock_s
     if mode == "stream":
         driver = StreamDriver(sim, lambda pid: [], config.max_completion_length, window,
                               max_staleness=config.max_staleness)
-        loop = StreamRounds(allocator, driver, rounds)
-        loop.open()
-        while True:
-            t0 = sim.clock_s
-            loop.close(success)
-            loop.after_close()
-            loop.after_train(bool(driver.trained), lambda: sim.run_for(train_s))
-            seconds.append(sim.clock_s - t0)
-            if not loop.more:
-                break
+        for _ in Rounds.stream(allocator, driver, rounds, success=success, push=lambda: sim.run_for(train_s),
+                               after_round=cycle_ends):
+            pass
     else:
-        while len(seconds) < rounds and not allocator.pacer.finished:
-            t0 = sim.clock_s
-            run_next_round(allocator, mode == "events", sim, lambda pid: [], success, config.max_completion_length,
-                           max_inflight=window)
-            allocator.finish_round()
-            sim.pause_for(train_s)
-            seconds.append(sim.clock_s - t0)
+        for rnd in Rounds.synchronous(allocator, mode == "events", lambda _: sim, lambda pid: [], success,
+                                      config.max_completion_length, rounds, max_inflight=window):
+            sim.pause_for(train_s)  # the trainer's step: the engine waits
+            cycle_ends(rnd)
     return {"s_per_round": float(np.mean(seconds)) if seconds else float("nan"), "rounds": len(seconds)}
 
 

@@ -157,9 +157,11 @@ class Rounds:
 
     @classmethod
     def stream(cls, allocator: Allocator, driver: StreamDriver, rounds: int, colocate: bool = False,
-               success: Callable[[Rollout], float] | None = None, push: Callable[[], None] | None = None) -> Rounds:
+               success: Callable[[Rollout], float] | None = None, push: Callable[[], None] | None = None,
+               after_round: Callable[[ClosedRound], None] | None = None) -> Rounds:
         """One `StreamDriver` across rounds (`StreamRounds`): each round run to its close with `success`; after the
-        loop's body the next round opens (a server) or `push` runs and then it opens (colocate)."""
+        loop's body the next round opens (a server) or `push` runs and then it opens (colocate); `after_round(rnd)`
+        ends the round's cycle (after its push: what a round's seconds include)."""
         self = cls(allocator, rounds)
 
         def iterate() -> Iterator[ClosedRound]:
@@ -170,10 +172,13 @@ class Rounds:
                 closed = allocator.current_round
                 summary = loop.close(success)
                 trained = driver.trained
-                yield ClosedRound(i, summary, closed, driver, trained)
+                rnd = ClosedRound(i, summary, closed, driver, trained)
+                yield rnd
                 i += 1
                 loop.after_close()  # (a server: the next round generates while this one trains)
                 loop.after_train(bool(trained), push)  # an empty round: no policy update, nothing pushed
+                if after_round is not None:
+                    after_round(rnd)
                 if not loop.more:
                     break
         self._iterate = iterate
