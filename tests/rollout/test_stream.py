@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from trl_alloc.allocation import make_filler, make_pacer
+from trl_alloc.allocation.allocator import Allocator
 from trl_alloc.allocation.pipeline import round_arguments
 from trl_alloc.rollout.engine_model import SimulatedRollouts, simulate_engine
 from trl_alloc.rollout.drivers import StreamDriver
+from trl_alloc.rollout.loop import Rounds
 
 FILLERS = {"full": {}, "sara": {"tau_low": 0.45}, "dynamic_sampling": {"max_generation_batches": 6}}
 
@@ -239,7 +241,8 @@ def held_by(driver):
 
 
 def test_a_stream_holds_no_history():
-    """2,000 stream rounds with carried groups and in-stream pruning at a detection point: what the driver
+    """2,000 stream rounds (through the round runner, `rollout.loop.Rounds`) with carried groups and in-stream
+    pruning at a detection point: what the driver
     holds stays what one round and the rollouts in flight need (it used to keep every ended rollout, every pruned
     id and every detection cohort: 3.7x more after 40 rounds than after 10), while the run's totals stay exact."""
     k, prompts, rounds = 4, 200, 2000
@@ -250,19 +253,13 @@ def test_a_stream_holds_no_history():
                                max_num_seqs=8, step_s=0.05, seed=0)
     driver = StreamDriver(engine, lambda pid: [], 64, max_inflight=8, max_staleness=2, detect_at=8,
                           on_detect=lambda snaps: [r.rid for r in snaps if r.rid % 3 == 0])
+    allocator = Allocator(pacer, filler, lambda pacer, units, **kw: round_arguments(pacer, filler, units, **kw),
+                          plan={})
     held, budget0 = [], pacer.remaining_responses
-    for _ in range(rounds):
-        rnd = filler.start_event_round(**round_arguments(pacer, filler, pacer.propose(), carry=driver.carry))
-        driver.start(rnd)
-        while (batch := driver.poll()) is not None:
-            driver.observe([{"pid": r.tag, "completion_ids": r.token_ids,
-                             "success": math.nan if r.finish_reason == "abort" else r.info["success"]}
-                            for r in batch])
-        s, f, started = rnd.outcomes(pacer.num_prompts)
-        pacer.update(s, f, started, prepaid=rnd.prepaid_counts(pacer.num_prompts))
-        held.append(held_by(driver))
-        engine.run_for(1.0)
-        driver.push()
+    for _ in Rounds.stream(allocator, driver, rounds, success=lambda r: r.info["success"],
+                           push=lambda: engine.run_for(1.0),  # the trainer's step: the engine decodes meanwhile
+                           after_round=lambda rnd: held.append(held_by(driver))):
+        pass
     assert budget0 - pacer.remaining_responses == driver.spent == driver.ended_count + len(driver.live)
     assert driver.pruned_count > rounds and driver.carried_total > 0 and driver.spent > 5 * rounds
     early, late = max(held[:200]), max(held[-1000:])
