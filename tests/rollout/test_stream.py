@@ -242,8 +242,9 @@ def held_by(driver):
 
 def test_a_stream_holds_no_history():
     """2,000 stream rounds (through the round runner, `rollout.loop.Rounds`) with carried groups and in-stream
-    pruning at a detection point: what the driver holds stays what one round and the rollouts in flight need (it used to keep every ended rollout, every pruned
-    id and every detection cohort: 3.7x more after 40 rounds than after 10), while the run's totals stay exact."""
+    pruning at a detection point: what the driver holds stays what one round and the rollouts in flight need (it
+    used to keep every ended rollout, every pruned id and every detection cohort: 3.7x more after 40 rounds than
+    after 10), while the run's totals stay exact."""
     k, prompts, rounds = 4, 200, 2000
     pacer = make_pacer("uniform", prompts, prompts_per_round=2, group_size=k, budget_responses=10 ** 6, seed=0)
     filler = make_filler("full", group_size=k)
