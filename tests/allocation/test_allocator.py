@@ -32,16 +32,12 @@ def make_allocator(round_log_path=None, **kw):
 
 
 def run_round(e, p_success, rng):
-    """One round as the trainer drives it; rows carry only what the allocator reads."""
-    admitted = e.start_round()
-    rows, requests = [], []
-    while (req := e.next_request()) is not None:
-        new = [{"pid": pid, "success": float(rng.random() < p_success[pid]), "pruned": False,
-                "completion_ids": [1] * (1 + pid % 3)} for pid, n in zip(*req) for _ in range(n)]
-        requests.append(req)
-        rows += new
-        e.observe(new, req)
-    summary = e.finish_round()
+    """One round as the trainer drives it (`Allocator.run_round`); rows carry only what the allocator reads."""
+    def generate(ids, counts):
+        return [{"pid": pid, "success": float(rng.random() < p_success[pid]), "pruned": False,
+                 "completion_ids": [1] * (1 + pid % 3)} for pid, n in zip(ids, counts) for _ in range(n)]
+    r = e.run_round(generate)
+    summary, rows, admitted, requests = r["summary"], r["rows"], r["admitted"], r["requests"]
     return e.record_round(summary, rows, admitted, requests, loss_responses=len(summary["groups"]) * K,
                           allocator_s=0.0, round_s=1.0), rows
 

@@ -54,17 +54,12 @@ def event_round(e, p, rng, window=6):
 
 
 def deterministic_round(e, p, rng):
-    admitted = e.start_round()
-    rows, requests = [], []
-    while (req := e.next_request()) is not None:
-        new = [{"pid": pid, "success": float(rng.random() < p[pid]), "completion_ids": [1]}
-               for pid, n in zip(*req) for _ in range(n)]
-        requests.append(req)
-        rows += new
-        e.observe(new, req)
-    summary = e.finish_round()
-    e.record_round(summary, rows, admitted, requests, len(summary["groups"]) * K, 0.0, 1.0)
-    return requests, summary
+    """One deterministic round as the trainer drives it (`Allocator.run_round`)."""
+    r = e.run_round(lambda ids, counts: [{"pid": pid, "success": float(rng.random() < p[pid]), "completion_ids": [1]}
+                                         for pid, n in zip(ids, counts) for _ in range(n)])
+    summary = r["summary"]
+    e.record_round(summary, r["rows"], r["admitted"], r["requests"], len(summary["groups"]) * K, 0.0, 1.0)
+    return r["requests"], summary
 
 
 def test_one_line_per_round_with_requests_groups_and_events(tmp_path, monkeypatch):
