@@ -13,7 +13,7 @@ import torch
 from trl.trainer.utils import nanstd
 
 
-def _group_std(values, sizes):
+def _group_std(values: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
     return torch.cat([nanstd(c).expand(len(c)) if len(c) > 1 else torch.zeros(len(c))
                       for c in torch.split(values, sizes)])
 

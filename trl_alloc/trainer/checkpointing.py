@@ -39,7 +39,7 @@ def write_json_atomic(path: str, data: Any, default: Callable[[Any], Any] | None
     os.replace(path + ".tmp", path)
 
 
-def _step(path):
+def _step(path: str) -> int | None:
     m = re.fullmatch(r"checkpoint-(\d+)", os.path.basename(os.path.normpath(path)))
     return int(m.group(1)) if m else None
 
@@ -52,7 +52,7 @@ def earlier_checkpoint(checkpoint: str) -> str | None:
     return max(found)[1] if found else None
 
 
-def _suggest_previous(checkpoint):
+def _suggest_previous(checkpoint: str) -> str:
     older = earlier_checkpoint(checkpoint)
     return (f" Resume from the previous checkpoint instead: --resume_from_checkpoint {older}" if older
             else " No earlier checkpoint is there; start the run again.")
@@ -130,14 +130,14 @@ class CheckpointMixin:
             print(f"[trl-alloc] {path}: {note['in_flight']} rollouts were in flight and {note['open_groups']} groups "
                   f"open at this checkpoint; they were spent (counted in the budget) and are not trained.")
 
-    def _allocator_snapshot(self):
+    def _allocator_snapshot(self) -> dict[str, Any] | None:
         """The allocator's state at the start of a round (a failed round is rolled back to it before the
         rescue checkpoint; without checkpoints there is nothing to roll back for)."""
         if not self.accelerator.is_main_process or self.args.save_strategy == "no":
             return None
         return self.allocation_state() if self.stream_note() is not None else self.allocator.snapshot()
 
-    def _rescue_checkpoint(self, start_state=None):
+    def _rescue_checkpoint(self, start_state: dict[str, Any] | None = None) -> None:
         """A round failed (e.g. dynamic sampling hit its cap): roll the allocator back to the round's
         start, save what is trained so far, then re-raise (the failed round is not in the log)."""
         if start_state is not None:
@@ -172,10 +172,10 @@ class CheckpointMixin:
             if self.pruner is not None:  # the quality head as its own adapter folder, `quality_head/`
                 self.pruner.save(output_dir)
 
-    def _get_output_dir(self, trial):
+    def _get_output_dir(self, trial: Any) -> str:
         return getattr(self, "_staging_dir", None) or super()._get_output_dir(trial)
 
-    def _save_checkpoint(self, model, trial):
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """TRL's checkpoint, written under `.partial-checkpoint-N/` and renamed into place once whole, so
         the newest `checkpoint-N` is always complete; a full disk gets a clear error."""
         run_dir = super()._get_output_dir(trial)
@@ -209,12 +209,12 @@ class CheckpointMixin:
         if push:
             self._push_from_checkpoint(final)
 
-    def _save_optimizer_and_scheduler(self, output_dir):
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         super()._save_optimizer_and_scheduler(output_dir)
         if self.pruner is not None and self.args.should_save:  # the head's optimizer, next to the policy's
             self.pruner.save_optimizer(output_dir)
 
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> Any:
         weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                    "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
         if not (self.is_deepspeed_enabled or self.is_fsdp_enabled) and not any(
@@ -223,7 +223,7 @@ class CheckpointMixin:
                                     "adapter_model.safetensors)." + _suggest_previous(resume_from_checkpoint))
         return super()._load_from_checkpoint(resume_from_checkpoint, model)
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         if checkpoint is not None and not (self.is_deepspeed_enabled or self.is_fsdp_enabled) and not any(
                 os.path.isfile(os.path.join(checkpoint, name)) for name in ("optimizer.pt", "optimizer.bin")):
             raise FileNotFoundError(f"{checkpoint} has no optimizer.pt: resuming would restart Adam's moments from "

@@ -91,7 +91,7 @@ class AllocGRPOConfig(_MethodFields):
 
     rollout_mode_reason = None  # why rollout_mode="auto" chose what it did (set by __post_init__)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("save_strategy", "eval_strategy", "logging_strategy"):  # YAML reads a bare `no` as false
             if getattr(self, name, None) is False:
                 setattr(self, name, "no")
@@ -161,7 +161,7 @@ class AllocGRPOConfig(_MethodFields):
         if self.num_rounds is not None:
             self.check_budget(self.num_rounds)
 
-    def _check_colocate_rollouts(self):
+    def _check_colocate_rollouts(self) -> None:
         """Events and stream on TRL's colocate engine (`rollout.colocate`): what is not built or cannot hold."""
         if self.world_size > 1 and self.prunes:
             raise ValueError(f"pruning={self.pruning!r} inside the rollouts (rollout_mode={self.rollout_mode!r}) with "
@@ -172,7 +172,7 @@ class AllocGRPOConfig(_MethodFields):
                              "and vllm_enable_sleep_mode discards their KV cache at every sleep; use "
                              "rollout_mode='events' with sleep mode, or vllm_enable_sleep_mode=False.")
 
-    def _check_types(self):
+    def _check_types(self) -> None:
         """Clear errors for values of the wrong type given through the Python API (the methods' own: their
         `Hyperparameter.check`)."""
         for name in ("num_rounds", "rollout_budget", "prompts_per_round", "target_groups", "no_signal_warning_rounds"):
@@ -250,7 +250,7 @@ class AllocDAPOConfig(AllocGRPOConfig):
         "help": "Overlong reward shaping: the penalty ramps from 0 to −1 over the last `overlong_buffer` tokens "
         "before max_completion_length. None = max_completion_length // 5 (DAPO: 4096 of 20480); 0 disables it."})
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         if self.overlong_buffer is None:
             self.overlong_buffer = (self.max_completion_length or 0) // 5
@@ -265,6 +265,6 @@ AllocDAPOConfig.__doc__ += parameters_doc(AllocDAPOConfig, {  # the rest: AllocG
                                            "overlong_buffer")})
 
 
-def _check_choice(name, value, choices):
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"unknown `{name}={value!r}`; choose one of {', '.join(choices)}.")

@@ -29,6 +29,7 @@ in flight are named in it and dropped if the run resumes from there (spent, neve
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from ..rollout.colocate import RankedRollouts, LocalRankRollouts, VLLMColocateRollouts
@@ -39,7 +40,7 @@ from .trl_compat import (colocate_llm, sleep_colocate_engine, sync_vllm_weights,
                          wake_colocate_engine)
 
 
-def _plain(rollouts):
+def _plain(rollouts: list[Any]) -> list[dict[str, Any]]:
     return [{"rid": r.rid, "pid": int(r.tag), "prompt_ids": r.prompt_ids, "token_ids": r.token_ids,
              "logprobs": r.logprobs, "finish_reason": r.finish_reason} for r in rollouts]
 
@@ -49,7 +50,7 @@ class EventRoundMixin:
 
     _ranks = None  # colocate on several processes: the ranked rollout backend (main) or this rank's part of it
 
-    def _rollout_mode_notice(self):
+    def _rollout_mode_notice(self) -> None:
         args = self.args
         if args.rollout_mode_reason and self.accelerator.is_main_process:
             print(f"[trl-alloc] rollout_mode='auto' chose {args.rollout_mode!r}: {args.rollout_mode_reason} "
@@ -76,7 +77,7 @@ class EventRoundMixin:
         (`rollout.colocate.RankedRollouts`; the other ranks follow it inside each `_main_call`)."""
         return self.colocate and self.accelerator.num_processes > 1
 
-    def _rollout_backend(self):
+    def _rollout_backend(self) -> Any:
         """The rollout backend (main process; with `colocate_ranks`, every rank: the main process gets the ranked
         rollout backend, `RankedRollouts`, the others their own part of it, `LocalRankRollouts`; kept in `_ranks`)."""
         args = self.args
@@ -98,13 +99,13 @@ class EventRoundMixin:
                                   top_k=args.top_k or 0, max_inflight=self.rollout_window,
                                   request_timeout=args.vllm_server_timeout, extra=extra, quality_head=head)
 
-    def _prompt_ids_of(self, pid):
+    def _prompt_ids_of(self, pid: int) -> list[int]:
         cache = self.__dict__.setdefault("_prompt_ids_cache", {})
         if pid not in cache:
             cache[pid] = list(map(int, tokenize_prompts(self, [self.train_dataset[int(pid)]["prompt"]])[0]))
         return cache[pid]
 
-    def _poll_round(self, driver):
+    def _poll_round(self, driver: RoundDriver | StreamDriver | None) -> list[dict[str, Any]]:
         """Poll `driver` (main process) until its round is done; every rank scores each batch. Returns the rows."""
         rows = []
         while (batch := self._main_call(lambda: None if (b := driver.poll()) is None else _plain(b))) is not None:
@@ -118,7 +119,7 @@ class EventRoundMixin:
             self._allocate(lambda: driver.observe(new))
         return rows
 
-    def _run_event_round(self):
+    def _run_event_round(self) -> dict[str, Any]:
         """One events round on every rank: its rows (all trained), the allocator's summary, the prompts admitted and
         its log (seconds waited on the rollout backend; on the main process also the order of events, for the round
         log, not broadcast)."""
@@ -131,7 +132,7 @@ class EventRoundMixin:
         return {"rows": rows, "trained": rows, "summary": summary, "admitted": admitted, "requests": [], "log": log}
 
     @contextlib.contextmanager
-    def _colocate_awake(self):
+    def _colocate_awake(self) -> Iterator[None]:
         """Colocate with sleep mode: the weights (level 2 discards them: pushed again unless this round's push just
         did) and the KV cache are woken for the round, and everything sleeps after it, as TRL's generation step
         does."""
@@ -144,16 +145,16 @@ class EventRoundMixin:
         finally:
             sleep_colocate_engine(self)
 
-    def _in_stream_pruning(self):
+    def _in_stream_pruning(self) -> dict[str, Any]:
         """With vLLM and a pruner: ARROL at the detection point, on the engine's scores (the driver's arguments)."""
         if not (self.use_vllm and self.pruner is not None):
             return {}
 
-        def prune(snapshots):
+        def prune(snapshots: list[Any]) -> list[int]:
             return self.pruner.decide_snapshots(snapshots, self.allocator.current_round)
         return {"detect_at": self.pruner.detect_length, "on_detect": prune}
 
-    def _close_rollouts(self, rollouts):
+    def _close_rollouts(self, rollouts: Any) -> None:
         """Stop what still runs (with `colocate_ranks`: on every rank's engine)."""
         try:
             if self.colocate_ranks:
@@ -166,7 +167,7 @@ class EventRoundMixin:
                 self.colocate_rank_rollouts = getattr(self, "colocate_rank_rollouts", 0) + host.started
             self._ranks = None
 
-    def _event_round(self):
+    def _event_round(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         driver, prompt_ids_of = None, self._prompt_ids_of
         main = self.accelerator.is_main_process
         rollouts = self._rollout_backend() if main or self.colocate_ranks else None
@@ -198,7 +199,7 @@ class StreamRoundMixin:
     _stream_state = None    # the allocator's state at the last close: what a checkpoint holds
     _stream_step = 0        # the global step of the last version bump
 
-    def _stream_driver(self):
+    def _stream_driver(self) -> StreamDriver | None:
         main = self.accelerator.is_main_process
         if self._stream is None and self._ranks is None and (main or self.colocate_ranks):
             rollouts = self._rollout_backend()
@@ -212,12 +213,12 @@ class StreamRoundMixin:
                                                    self.colocate)
         return self._stream
 
-    def _opened(self, admitted):
+    def _opened(self, admitted: int | None) -> None:
         """Every rank: whether the loop opened the next round (`admitted`: its prompts, None when it did not)."""
         if admitted is not None:
             self._stream_admitted, self._stream_open = admitted, True
 
-    def _stream_push(self):
+    def _stream_push(self) -> None:
         """After an optimizer step: the new weights to the engine (paused with `mode=keep`), one version on; on a
         colocate engine the next round then opens (`StreamRounds.after_train`)."""
         if self.state.global_step == self._stream_step:
@@ -238,13 +239,13 @@ class StreamRoundMixin:
             # longer than the last of them took to arrive); its later tokens are the new version's
             self._opened(self._allocate(lambda: self._stream_rounds.after_train(True)))
 
-    def _stream_rounds_left(self):
+    def _stream_rounds_left(self) -> int:
         return min(self.num_rounds, self.args.max_steps // self.steps_per_round) - self.allocator.counters["rounds"]
 
-    def _open_stream_round(self):
+    def _open_stream_round(self) -> None:
         self._opened(self._allocate(lambda: self._stream_rounds.open()))
 
-    def _run_stream_round(self):
+    def _run_stream_round(self) -> dict[str, Any]:
         """One stream round on every rank: the rows that ended in it, the rows to train (with their staleness), the
         allocator's summary, the prompts admitted, the log, and `after(entry)` for once the round is recorded."""
         driver = self._stream_driver()
@@ -258,7 +259,8 @@ class StreamRoundMixin:
         summary = self._allocate(lambda: self._stream_rounds.close())
         events = []
 
-        def close():  # main process: what to train, what to hold (the round's own events stay here, not broadcast)
+        def close() -> tuple[list[tuple[int, int]], list[int], dict[str, Any]]:
+            # main process: what to train, what to hold (the round's own events stay here, not broadcast)
             events[:] = driver.take_events()
             return ([(row["rid"], row["staleness"]) for row in driver.trained],
                     sorted(row["rid"] for rs in driver.held.values() for row in rs),
@@ -277,7 +279,7 @@ class StreamRoundMixin:
                 "log_fields": {"token_staleness": log["token_staleness"]},
                 "after": lambda entry: self._after_stream_round(summary, entry, log)}
 
-    def _after_stream_round(self, summary, entry, log):
+    def _after_stream_round(self, summary: dict[str, Any], entry: dict[str, Any], log: dict[str, Any]) -> None:
         """The round's stream figures (`entry`), the close's state for checkpoints, then (on a server) the next round
         opens at once, its rollouts running while this one trains; or the stream ends with the budget."""
         staleness = [r["staleness"] for r in self.round_state.loss_rows]
@@ -292,9 +294,9 @@ class StreamRoundMixin:
         else:
             self._opened(self._allocate(lambda: self._stream_rounds.after_close()))
 
-    def _end_stream(self):
+    def _end_stream(self) -> None:
         if self._stream is not None or self._ranks is not None:  # spent by the rounds that started them, never trained
-            def end():
+            def end() -> None:
                 self.stream_dropped = len(self._stream.finish())
             if self.colocate_ranks:
                 self._main_call(end)

@@ -2,7 +2,11 @@
 ARROL's two-phase generation), scored with TRL's reward step, and gathered so every rank holds them; and,
 in event mode, the scoring of rollouts that ended in the rollout backend (`_score_rollouts`)."""
 
+from __future__ import annotations
+
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,7 +21,8 @@ from .trl_compat import calculate_rewards, generate, generation_host, take_extra
 class RequestGenerationMixin:
     """Generates and scores the rows of one `(prompt ids, counts)` request (every rank)."""
 
-    def _generate_and_score_request(self, prompt_ids, counts):
+    def _generate_and_score_request(self, prompt_ids: Sequence[int],
+                                    counts: Sequence[int]) -> list[dict[str, Any]]:
         """Generate `counts[j]` responses for dataset row `prompt_ids[j]` across ranks and score them.
 
         Returns the request's rows (in request order, identical on every rank), each a dict with
@@ -53,7 +58,7 @@ class RequestGenerationMixin:
                             for lp in sampling_logps[:len(local)]]
         return self._score_share(flat, share, local, examples, prompt_tok, completion_ids, logprobs, pruned)
 
-    def _score_rollouts(self, rollouts):
+    def _score_rollouts(self, rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Score ended rollouts (event mode; the same list on every rank): each rank scores a contiguous share.
         Aborted rollouts get no reward, like pruned ones; returns rows as `_generate_and_score_request`'s."""
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
@@ -71,7 +76,9 @@ class RequestGenerationMixin:
             row["pruned"] = False  # (aborted, not pruned: it was scored as cut only to get no reward)
         return rows
 
-    def _score_share(self, flat, share, local, examples, prompt_tok, completion_ids, logprobs, pruned):
+    def _score_share(self, flat: Sequence[int], share: Sequence[int], local: Any, examples: list[dict[str, Any]],
+                     prompt_tok: Any, completion_ids: list[list[int]], logprobs: Any,
+                     pruned: Any) -> list[dict[str, Any]]:
         """Score this rank's share `local` of the rows `flat` with TRL's reward step; gather every share."""
         world = self.accelerator.num_processes
         logprobs = logprobs or [None] * len(completion_ids)
@@ -109,7 +116,7 @@ class RequestGenerationMixin:
                  "pruned": bool(x), "extra": {col: values[i] for col, values in extra.items()}}
                 for i, (pid, (p, c, text, lp, x)) in enumerate(zip(flat.tolist(), gathered))]
 
-    def _gather_extra_columns(self, n_local):
+    def _gather_extra_columns(self, n_local: int) -> Any:
         """The `log_extra` columns reward functions wrote for this request: this rank's real rows only
         (not the padding), gathered in request order."""
         pending, columns = take_extra_columns(self), {}

@@ -33,6 +33,7 @@ import contextlib
 import copy
 import math
 import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -70,17 +71,17 @@ if TYPE_CHECKING:
 class _Ticks(torch.utils.data.Dataset):
     """The train 'dataloader' only paces the loop: one item per micro-step; the round picks prompts."""
 
-    def __init__(self, n):
+    def __init__(self, n: int) -> None:
         self.n = n
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> dict[str, Any]:
         return {"tick": i}
 
 
-def _as_list(batch):
+def _as_list(batch: Any) -> list[Any]:
     return batch
 
 
@@ -88,7 +89,7 @@ class _AllocationCallback(TrainerCallback):
     """Stops training (with a final log and save) once the budget is spent; undoes a zero-lr step;
     writes the allocation report at the end (unless nothing ran since a finished checkpoint)."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer: AllocGRPOTrainer) -> None:
         self.trainer = trainer
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -219,10 +220,10 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         return self.allocator.pruner
 
     @staticmethod
-    def _extra_reward_funcs(args, reward_funcs):
+    def _extra_reward_funcs(args: Any, reward_funcs: Any) -> tuple[Any, Any]:
         return args, reward_funcs
 
-    def _success_func_indices(self, args):
+    def _success_func_indices(self, args: Any) -> list[int]:
         """Columns of `rewards_per_func` whose unweighted sum is the success score."""
         names = list(self.reward_func_names)
         if args.success_reward_funcs:
@@ -241,7 +242,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         ticks = _Ticks(self.num_rounds * self.steps_per_round * self.args.gradient_accumulation_steps)
         return DataLoader(ticks, batch_size=1, shuffle=False, collate_fn=_as_list)
 
-    def _prepare_inputs(self, generation_batch):
+    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         if not self.model.training:  # evaluation keeps TRL's path
             return super()._prepare_inputs(generation_batch)
         split = self.args.steps_per_generation  # micro-batches per round, each used num_iterations times
@@ -257,19 +258,19 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         return self._buffered_inputs[self._step % split]
 
     # ------------------------------------------------------------------ one round
-    def _broadcast(self, obj):
+    def _broadcast(self, obj: Any) -> Any:
         if self.accelerator.num_processes == 1:
             return obj
         box = [obj]
         broadcast_object_list(box, from_process=0)
         return box[0]
 
-    def _all_gather(self, obj):
+    def _all_gather(self, obj: Any) -> list[Any]:
         out = [None] * self.accelerator.num_processes
         torch.distributed.all_gather_object(out, obj)
         return out
 
-    def _main_call(self, fn):
+    def _main_call(self, fn: Callable[[], Any]) -> Any:
         """Run allocator code on the main process; share its result, or its error, with every rank. Colocate on
         several processes: meanwhile the other ranks step their engines as the main process asks (`_ranks`)."""
         out, error = None, None
@@ -291,7 +292,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         return value
 
     @contextlib.contextmanager
-    def _allocator_clock(self):
+    def _allocator_clock(self) -> Iterator[None]:
         """Adds the time inside the block to the round's allocator seconds (`alloc/time_s`)."""
         t0 = time.perf_counter()
         try:
@@ -313,14 +314,14 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             warn_mismatch(engine, trainer, f"The colocate vLLM engine (vllm_dtype={self.args.vllm_dtype!r})",
                           "Leave `vllm_dtype` unset: the engine then takes the trainer's dtype")
 
-    def _allocate(self, method, *args):
+    def _allocate(self, method: Callable[..., Any], *args: Any) -> Any:
         """One allocator call: on the main process only, timed there, its result (or error) shared with every rank."""
-        def timed():
+        def timed() -> Any:
             with self._allocator_clock():
                 return method(*args)
         return self._main_call(timed)
 
-    def _run_round(self):
+    def _run_round(self) -> dict[str, Any]:
         """Run one scheduler round (module docstring) and return `steps_per_generation` local micro-batches."""
         t_round = time.perf_counter()
         for hook in self.round_start_hooks:
@@ -346,14 +347,14 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         self._log_round(r["rows"], summary, entry)
         return batches
 
-    def _deterministic_round(self):
+    def _deterministic_round(self) -> dict[str, Any]:
         """`rollout_mode="deterministic"`: the filler's generation requests, one batched call each (TRL's
         generation step across the ranks), observed one by one."""
         r = self.allocator.run_round(self._generate_and_score_request, self._allocate)
         return {**r, "trained": r["rows"], "log": None}
 
     # ------------------------------------------------------------------ empty rounds
-    def _compute_loss(self, model, inputs):
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         if not (self.model.training and self.round_state.empty):
             return super()._compute_loss(model, inputs) * self.round_state.loss_scale  # (× 1.0 is exact)
         # An empty round: the zero loss still runs (collectives), but its metrics would only log zeros.
@@ -366,7 +367,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
                 del metrics[key]
         return loss
 
-    def _zero_lr(self):
+    def _zero_lr(self) -> None:
         """A round with no group: zero learning rate for this optimizer step, so no parameter moves
         (zero gradients alone would still move Adam parameters through momentum and weight decay)."""
         if self.optimizer is None or self._saved_lrs is not None:  # outside `train()`, or already zeroed
@@ -384,7 +385,7 @@ class AllocDAPOTrainer(AllocGRPOTrainer):
     config_class = AllocDAPOConfig
 
     @staticmethod
-    def _extra_reward_funcs(args, reward_funcs):
+    def _extra_reward_funcs(args: Any, reward_funcs: Any) -> tuple[Any, Any]:
         buffer = getattr(args, "overlong_buffer", 0) or 0
         if buffer <= 0:
             return args, reward_funcs

@@ -69,7 +69,7 @@ def warn_missing_reward_columns(reward_funcs: Sequence[Callable[..., Any] | torc
                   "Add the column (e.g. --answer_column) or fix the function.")
 
 
-def _parameters(func):
+def _parameters(func: Callable[..., Any]) -> list[str]:
     try:
         return [name for name, p in inspect.signature(func).parameters.items()
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]

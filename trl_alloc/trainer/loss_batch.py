@@ -1,8 +1,12 @@
 """The round's loss batch: its committed groups, with group-normalised advantages, padded into the
 micro-batches TRL's loss reads (the layout of TRL's `_generate_and_score_completions` output)."""
 
+from __future__ import annotations
+
 import math
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,7 +20,7 @@ from .trl_compat import per_token_logps
 class LossBatchMixin:
     """Loss micro-batches of an AllocGRPOTrainer round (pruned rollouts never reach the loss)."""
 
-    def _build_loss_batches(self, rows, groups):
+    def _build_loss_batches(self, rows: list[dict[str, Any]], groups: Sequence[int]) -> list[dict[str, Any]]:
         """The round's committed groups as this rank's `gradient_accumulation_steps` micro-batches
         (pruned rollouts never reach the loss; a group is its survivors)."""
         by_pid = defaultdict(list)
@@ -58,7 +62,8 @@ class LossBatchMixin:
         state.sampling = _sampling_stats(batches)
         return batches
 
-    def _collate(self, rows, advantages, num_items, keep=None):
+    def _collate(self, rows: list[dict[str, Any]], advantages: torch.Tensor, num_items: int,
+                 keep: Any = None) -> dict[str, Any]:
         """Pad a micro-batch like TRL's `_generate_and_score_completions` output. An empty micro-batch
         becomes one dummy row whose loss mask (`tool_mask`) is zero, so every rank still runs forward and
         backward (DeepSpeed/DDP collectives) while the loss and gradients stay exactly zero."""
@@ -97,7 +102,7 @@ class LossBatchMixin:
             out["ref_per_token_logps"] = self._ref_logps(out)
         return out
 
-    def _importance_ratio(self, batch):
+    def _importance_ratio(self, batch: dict[str, Any]) -> torch.Tensor:
         """TRL's vLLM importance-sampling ratio (token or sequence level, truncated or masked); the ratio before
         the cap goes to `batch["raw_importance_sampling_ratio"]` (for the mismatch metrics, not the loss)."""
         mask = batch["completion_mask"] * batch.get("tool_mask", 1)
@@ -113,13 +118,13 @@ class LossBatchMixin:
         return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
 
     @torch.no_grad()
-    def _policy_logps(self, batch, model):
+    def _policy_logps(self, batch: dict[str, Any], model: Any) -> torch.Tensor:
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             return per_token_logps(self, model, ids, mask, batch["completion_ids"].size(1))
 
-    def _ref_logps(self, batch):
+    def _ref_logps(self, batch: dict[str, Any]) -> torch.Tensor:
         """Reference-model log-probabilities for the KL term (TRL's rule: ref model, or PEFT adapters off)."""
         if self.ref_model is not None:
             return self._policy_logps(batch, self.ref_model)
@@ -131,7 +136,7 @@ class LossBatchMixin:
 MISMATCH_QUANTILES = (0.05, 0.5, 0.95)
 
 
-def _sampling_stats(batches):
+def _sampling_stats(batches: list[dict[str, Any]]) -> dict[str, float]:
     """The engine-trainer mismatch over this rank's loss tokens: TRL's `sampling/*` metrics of the vLLM
     importance-sampling correction (|Δ log-prob| per token, the capped ratio), plus the uncapped ratio's quantiles
     and the share of ratios (tokens, or sequences in TRL's sequence modes) the cap truncated or masked."""
@@ -141,7 +146,8 @@ def _sampling_stats(batches):
     for b in batches:
         mask = (b["completion_mask"] * b.get("tool_mask", 1)).bool()
 
-        def per_item(t, mask=mask):  # one value per loss token, or per sequence for a sequence-level ratio
+        def per_item(t: torch.Tensor, mask: torch.Tensor = mask) -> torch.Tensor:
+            # one value per loss token, or per sequence for a sequence-level ratio
             return t[mask.any(-1)].flatten() if t.size(-1) == 1 else t[mask]
 
         capped.append(per_item(b["importance_sampling_ratio"]))

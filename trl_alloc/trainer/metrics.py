@@ -1,6 +1,8 @@
 """The figures an AllocGRPOTrainer round logs through TRL's metrics (`alloc/*`, `pruning/*`, `arrol/*`, and
 TRL's own completion, reward and table columns), and the warning when nothing trains."""
 
+from __future__ import annotations
+
 import resource
 import sys
 from typing import Any
@@ -70,7 +72,7 @@ class RoundMetricsMixin:
             out["dtype"] = out["trainer_dtype"]
         return out
 
-    def _log_round(self, rows, summary, entry):
+    def _log_round(self, rows: list[dict[str, Any]], summary: dict[str, Any], entry: dict[str, Any]) -> None:
         m = train_metrics(self)
         stats, counters = summary["stats"], self.allocator.counters
         self.state.num_input_tokens_seen += sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
@@ -124,7 +126,7 @@ class RoundMetricsMixin:
         self._log_completions(m, rows)
         self._log_reward_metrics(m)
 
-    def _log_completions(self, m, rows):
+    def _log_completions(self, m: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         lengths = torch.tensor([len(r["completion_ids"]) for r in rows], dtype=torch.float)
         m["completions/mean_length"].append(lengths.mean().item())
         m["completions/min_length"].append(lengths.min().item())
@@ -152,7 +154,7 @@ class RoundMetricsMixin:
         for column in sorted({c for r in loss_rows for c in r["extra"]}):
             logs["extra"][column].extend(r["extra"].get(column) for r in loss_rows)
 
-    def _log_reward_metrics(self, m):
+    def _log_reward_metrics(self, m: dict[str, Any]) -> None:
         """What reward functions logged with `log_metric`, averaged over every rank's values."""
         pending = take_pending_metrics(self)
         for name in sorted(set(gather_object(list(pending)))):
@@ -176,7 +178,7 @@ class RoundMetricsMixin:
             print(message.replace("WARNING:", f"WARNING{rank}:", 1), flush=True)
         return peak / 2**30
 
-    def _warn_flat_groups(self, entry):
+    def _warn_flat_groups(self, entry: dict[str, Any]) -> None:
         """Once: committed groups the success signal calls mixed whose *training* reward is constant train nothing."""
         flat = entry.get("flat_groups", 0)
         if not flat or getattr(self, "_warned_flat", False) or not self.accelerator.is_main_process:
@@ -188,7 +190,7 @@ class RoundMetricsMixin:
               "are zero and they train nothing. Give the success reward a non-zero weight, or name the reward the "
               "loss sees with --success_reward_funcs.")
 
-    def _note_generation_calls(self, calls):
+    def _note_generation_calls(self, calls: int) -> None:
         """Once, with transformers generation: a filler that needs several `generate` calls a round (SARA's probe,
         continue and refill phases, Algorithm 1 of "Early Verdicts, Better Budgets") pays each call's latency."""
         if self.use_vllm or getattr(self, "_noted_calls", False) or not self.accelerator.is_main_process:
@@ -208,7 +210,7 @@ class RoundMetricsMixin:
               "seconds, generate with vLLM (`use_vllm: true`; `rollout_mode: auto` then streams an adaptive filler "
               "on GPUs).")
 
-    def _warn_without_signal(self, rows):
+    def _warn_without_signal(self, rows: list[dict[str, Any]]) -> None:
         """After `no_signal_warning_rounds` rounds in a row without a mixed group, or at the end of a shorter run that
         never had one: warn, naming the likely cause."""
         streak, limit = self.allocator.signal_streak, self.args.no_signal_warning_rounds

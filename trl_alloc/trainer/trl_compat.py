@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trl
@@ -41,7 +41,7 @@ class TRLCompatibilityError(RuntimeError):
     """The installed TRL lacks a private part of GRPOTrainer that trl-alloc relies on."""
 
 
-def _missing(names, obj):
+def _missing(names: Iterable[str], obj: Any) -> list[str]:
     return [n for n in names if not hasattr(obj, n)]
 
 
@@ -155,7 +155,7 @@ def count_generated(trainer: GRPOTrainer) -> dict[str, int]:
     `_generate_single_turn`); returns a dict whose "n" grows as training runs."""
     inner, box = trainer._generate_single_turn, {"n": 0}
 
-    def counted(prompt_ids, *args, **kwargs):
+    def counted(prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
         out = inner(prompt_ids, *args, **kwargs)
         box["n"] += len(out[0])
         return out
@@ -190,7 +190,7 @@ def use_inplace_colocate_push(trainer: GRPOTrainer) -> None:
                                     f"colocate weight push on CPU uses; pip install 'trl>={TESTED_TRL},<1.17'.")
     extend_worker(vllm_generation.llm)
 
-    def sync_weights():
+    def sync_weights() -> None:
         weights = {name: param.detach().clone() for name, param in vllm_generation._iter_named_params()}
         vllm_generation.llm.collective_rpc("load_weights_from_tensors", args=(weights,))
         vllm_generation.llm.reset_prefix_cache()
@@ -258,7 +258,7 @@ def completion_log(trainer: GRPOTrainer) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _replaced_in_vllm_generation(name, make):
+def _replaced_in_vllm_generation(name: str, make: Callable[..., Any]) -> Iterator[None]:
     """Replace `trl.generation.vllm_generation.<name>` by `make(original)` for the duration, then restore it."""
     import trl.generation.vllm_generation as vg
 
@@ -281,7 +281,7 @@ def patch_trl_colocate_llm(dtype: Callable[[], str] | None = None,
     loaded by then), gives the engine's dtype (TRL passes none: vLLM's auto)."""
     from ..serving.cpu_features import enable_amx
 
-    def build(original, *args, **kwargs):
+    def build(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         enable_amx()
         return original(*args, **{**kwargs, **llm_kwargs, **({} if dtype is None else {"dtype": dtype()})})
 
