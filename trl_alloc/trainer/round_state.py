@@ -1,7 +1,12 @@
-"""The per-round state the trainer's mixins share, declared in one place: `loss_batch` writes it when it builds the
-round's loss batch, `grpo` and `metrics` read it (and tests inspect it as `trainer.round_state`)."""
+"""The per-round state the trainer's mixins share, declared in one place: `CollectedRound` is what a rollout mode's
+round hands back (event_modes.py, grpo.py); `RoundState` is what `loss_batch` writes when it builds the round's loss
+batch, and `grpo` and `metrics` read (tests inspect it as `trainer.round_state`)."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -17,4 +22,18 @@ class RoundState:
     sampling: dict = field(default_factory=dict)  # TRL's importance-sampling statistics of the round
     empty: bool = False  # nothing reaches the loss: the round's optimizer steps move no parameter
     loss_scale: float = 1.0  # `loss_normalization="nominal"`: trained rows / nominal rows (at most 1)
-    allocator_s: float = 0.0  # seconds spent in the allocator (main process)
+
+
+@dataclass
+class CollectedRound:
+    """One closed round as a rollout mode collected it, on every rank (what `Allocator.record_round` records)."""
+
+    rows: list[dict[str, Any]]      # every scored row that ended in the round
+    trained: list[dict[str, Any]]   # the rows to train: the committed groups' (a stream's carry their staleness)
+    summary: dict[str, Any]         # `Allocator.finish_round`'s
+    admitted: int                   # prompts the pacer admitted
+    requests: list[tuple[list[int], list[int]]] = field(default_factory=list)  # deterministic: (prompts, counts)
+    log: dict[str, Any] | None = None  # events and stream: seconds waited; the main process's also `events`
+    responses: int | None = None    # responses the round spent, where not len(rows) (a stream)
+    log_fields: dict[str, Any] | None = None  # extra round-log fields (a stream: its token staleness)
+    after: Callable[[dict[str, Any]], None] | None = None  # once recorded, with the round-log entry (a stream)

@@ -147,7 +147,7 @@ def generation_host(trainer: GRPOTrainer, collective: bool) -> GenerationHost:
         device=trainer.accelerator.device, batch_size=int(trainer.args.per_device_train_batch_size),
         gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs, collective=collective,
         num_processes=trainer.accelerator.num_processes, is_main=trainer.accelerator.is_main_process,
-        main_call=trainer._main_call)
+        main_call=trainer.on_main.call)
 
 
 def count_generated(trainer: GRPOTrainer) -> dict[str, int]:
