@@ -161,3 +161,26 @@ def test_torch_free_modules_import_neither_torch_nor_trl(module):
     code = f"import sys, {module}; print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_one_stop_rule_for_every_rank_and_the_planner():
+    """`Allocator.more_rounds`: rounds left and budget left. A rank that only records the broadcast summaries (its
+    pacer never advances) stops where the main process stops; the planner's `min_responses` ends on a remainder
+    smaller than one group."""
+    rng, p = np.random.default_rng(0), np.random.default_rng(1).uniform(0, 1, N)
+    main, follower = make_allocator(), make_allocator()
+
+    def generate(ids, counts):
+        return [{"pid": pid, "success": float(rng.random() < p[pid]), "completion_ids": [1]}
+                for pid, n in zip(ids, counts) for _ in range(n)]
+    closed = 0
+    for r in main.synchronous_rounds(generate, rounds=10 * ROUNDS):
+        closed += 1
+        for e in (main, follower):
+            e.record_round(r["summary"], r["rows"], r["admitted"], r["requests"], 0, 0.0, 1.0)
+        assert follower.more_rounds(closed, 10 * ROUNDS) == main.more_rounds(closed, 10 * ROUNDS)
+    assert main.pacer.finished and not follower.pacer.finished and closed <= ROUNDS  # the budget, not 10 x ROUNDS
+    assert main.counters["responses"] + main.pacer.remaining_responses == 80
+    fresh = make_allocator()
+    assert len(list(fresh.synchronous_rounds(generate, rounds=2))) == 2 and fresh.more_rounds(2, 3)
+    assert not fresh.more_rounds(2, 2) and not fresh.more_rounds(2, 3, fresh.pacer.remaining_responses + 1)

@@ -126,7 +126,7 @@ def test_memory_and_payload_stay_flat_over_200_rounds(tmp_path):
     """200 event rounds: the file has 200 lines (with the events); in memory, the allocator's only per-round record is
     `history` (and CERO's `allocation_log`, what `random_matched` replays, in the pacer): every other container and
     the rest of the state keep their size, so no round's events are kept; the summary broadcast each round
-    (`_allocate(allocator.finish_round)` in the trainer) has a size bounded independently of the round index."""
+    (`on_main.allocate(allocator.finish_round)` in the trainer) has a size bounded independently of the round index."""
     rounds = 200
     p = np.random.default_rng(0).uniform(0, 1, N)
     rng = np.random.default_rng(1)

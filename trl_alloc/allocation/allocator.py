@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -205,6 +205,22 @@ class Allocator:
             step(self.observe, new, request)
         summary = step(self.finish_round)
         return {"admitted": admitted, "rows": rows, "requests": requests, "summary": summary}
+
+    def more_rounds(self, closed: int, rounds: int, min_responses: int = 1) -> bool:
+        """The stop rule, in one copy: another round follows `closed` closed rounds while fewer than `rounds` are
+        closed and the budget is not spent, at least `min_responses` responses of it left (the planner: one group).
+        The trainer, `rollout.loop` and `allocation.simulate` all stop by it. (`budget_exhausted` is the last
+        recorded round's, the same on every rank; the pacer is advanced on the main process only.)"""
+        finished = self.budget_exhausted or self.pacer.finished
+        return closed < rounds and not finished and self.pacer.remaining_responses >= min_responses
+
+    def synchronous_rounds(self, generate: Callable[[list[int], list[int]], list[dict]], rounds: int,
+                           step: Callable[..., Any] = _call, closed: int = 0,
+                           min_responses: int = 1) -> Iterator[dict]:
+        """`run_round` while `more_rounds` (counting from `closed`): each round's result, as it closes."""
+        while self.more_rounds(closed, rounds, min_responses):
+            yield self.run_round(generate, step)
+            closed += 1
 
     # ------------------------------------------------------------------ one event-driven round (main process)
     @property

@@ -161,12 +161,14 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     def generate(ids, counts):
         return [{"pid": pid, "success": float(x)} for pid, got in zip(ids, pool.sample(ids, counts)) for x in got]
 
-    # (a filler that spends less than planned may run past `rounds` until the budget is spent, up to 4x; a
-    # remainder smaller than one group ends the run)
-    while not pacer.finished and pacer.remaining_responses >= k and pool.t < 4 * args.rounds:
-        predicted = None if pacer.posterior is None else pacer.posterior.mean.copy()
-        p, clock[0] = pool.success_rate(), 0.0
-        allocator.run_round(generate, timed)  # the trainer's deterministic round (trainer/grpo.py)
+    def before_round() -> tuple[np.ndarray | None, np.ndarray]:  # what the pacer predicts, what the pool holds
+        clock[0] = 0.0
+        return None if pacer.posterior is None else pacer.posterior.mean.copy(), pool.success_rate()
+
+    # the trainer's deterministic round (trainer/grpo.py); a filler that spends less than planned may run past
+    # `rounds` until the budget is spent, up to 4x; a remainder smaller than one group ends the run
+    predicted, p = before_round()
+    for _ in allocator.synchronous_rounds(generate, 4 * args.rounds, timed, closed=pool.t, min_responses=k):
         rnd, ms = allocator.closed_round, clock[0]
         spent = rnd.outcomes(pacer.num_prompts)[2]
         admitted = np.asarray(rnd.groups, np.int64)
@@ -179,6 +181,7 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
         rec["effective"].append(int(rnd.effective))
         rec["alloc_ms"].append(1e3 * ms)
         pool.step(rnd)
+        predicted, p = before_round()
     total_groups = sum(rec["groups"])
     summary = {
         "method": method, "rounds": pool.t, "responses_spent": int(sum(rec["spend"])),

@@ -13,7 +13,7 @@ In a stream, after the loop's body the next round opens (on a server, before the
 after a round that trained (`StreamRounds` below). (The trainer's own rounds go through TRL's generation step across
 its ranks: trainer/grpo.py, trainer/event_modes.py, with `StreamRounds` for a stream.)
 
-`run_next_round`: one synchronous or events round over a `RoundDriver`.
+`one_round`: open a round, drive it, close it (`Rounds.synchronous` and the trainer's events round run it).
 
 `StreamRounds`: the order of a stream's rounds (`rollout_mode="stream"`); the trainer (trainer/event_modes.py), the
 engine model and the rollout bench all drive their `StreamDriver` through it.
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..allocation.event_rounds import BatchedEventRound
 from .drivers import RoundDriver, run_round
@@ -50,16 +50,22 @@ if TYPE_CHECKING:
     from .backends import Rollout
     from .drivers import StreamDriver
 
+T = TypeVar("T")
 
-def run_next_round(allocator: Allocator, events: bool, rollouts: Any, prompt_ids_of: Callable[[int], Sequence[int]],
-                   success: Callable[[Rollout], float], max_tokens: int, **driver_kwargs: Any) -> RoundDriver:
-    """The allocator's next round, opened and run to its end over `rollouts` by a `RoundDriver` (left open: the
-    caller closes it with `allocator.finish_round()`). As events each rollout is decided as it ends; otherwise each
-    filler call is submitted whole and decided when its last rollout ends (deterministic mode over an engine).
-    `driver_kwargs`: `RoundDriver`'s (`max_inflight`, `timeout`, `detect_at`, `on_detect`)."""
-    allocator.start_round(events=events)
-    driven = allocator if events else BatchedEventRound(allocator.current_round)
-    return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
+
+def _call(method: Callable[..., Any], *args: Any) -> Any:
+    return method(*args)
+
+
+def one_round(allocator: Allocator, drive: Callable[[], T], events: bool = True,
+              step: Callable[..., Any] = _call) -> tuple[int, T, dict[str, Any]]:
+    """One round of `allocator`: opened (`start_round`), driven by `drive()`, closed (`finish_round`). Returns the
+    prompts admitted, what `drive` returned and the round's summary. Each allocator call goes through
+    `step(method, *args)` (the trainer's events round: on its main process, the result shared with every rank)."""
+    admitted = step(allocator.start_round, events)
+    driven = drive()
+    summary = step(allocator.finish_round)
+    return admitted, driven, summary
 
 
 class StreamRounds:
@@ -73,7 +79,7 @@ class StreamRounds:
     @property
     def more(self) -> bool:
         """Another round follows the last closed one (rounds left and budget left)."""
-        return self.closed < self.rounds and not self.allocator.pacer.finished
+        return self.allocator.more_rounds(self.closed, self.rounds)
 
     def open(self) -> int:
         """The next round, with the groups the last one left open (the number of prompts admitted)."""
@@ -120,7 +126,7 @@ class ClosedRound:
 
 class Rounds:
     """A run's rounds over a rollout backend, in one rollout mode (module docstring); build it with `synchronous`
-    or `stream`. It stops after `rounds` rounds or once the pacer has spent the budget."""
+    or `stream`. It stops after `rounds` rounds or once the pacer has spent the budget (`Allocator.more_rounds`)."""
 
     def __init__(self, allocator: Allocator, rounds: int) -> None:
         self.allocator, self.rounds = allocator, int(rounds)
@@ -136,16 +142,18 @@ class Rounds:
 
         def iterate() -> Iterator[ClosedRound]:
             i = 0
-            while i < self.rounds and not allocator.pacer.finished:
+            while allocator.more_rounds(i, self.rounds):
                 rollouts = rollouts_for(i)
+
+                def drive() -> RoundDriver:  # as events each rollout is decided as it ends; otherwise each filler
+                    driven = allocator if events else BatchedEventRound(allocator.current_round)  # call whole
+                    return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
                 try:
-                    driver = run_next_round(allocator, events, rollouts, prompt_ids_of, success, max_tokens,
-                                            **driver_kwargs)
+                    _, driver, summary = one_round(allocator, drive, events)
                 finally:
                     if close_rollouts:
                         rollouts.close()
-                closed = allocator.current_round
-                summary = allocator.finish_round()
+                closed = allocator.closed_round
                 kept = set(summary["groups"])
                 trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
                             "aborted": r.finish_reason == "abort", "success": r.info.get("success")}
@@ -188,4 +196,4 @@ class Rounds:
         return self._iterate()
 
 
-__all__ = ["ClosedRound", "Rounds", "StreamRounds", "run_next_round"]
+__all__ = ["ClosedRound", "Rounds", "StreamRounds", "one_round"]

@@ -35,7 +35,7 @@ from typing import Any
 from ..rollout.colocate import RankedRollouts, LocalRankRollouts, VLLMColocateRollouts
 from ..rollout.backends import BatchedRollouts, VLLMServerRollouts
 from ..rollout.drivers import RoundDriver, StreamDriver, drive_round
-from ..rollout.loop import StreamRounds
+from ..rollout.loop import StreamRounds, one_round
 from .round_state import CollectedRound
 from .trl_compat import (colocate_llm, sleep_colocate_engine, sync_vllm_weights, tokenize_prompts, vllm_server_url,
                          wake_colocate_engine)
@@ -126,12 +126,12 @@ class EventRoundMixin:
         """One events round on every rank: its rows (all trained), the allocator's summary, the prompts admitted and
         its log (seconds waited on the rollout backend; on the main process also the order of events, for the round
         log, not broadcast)."""
-        admitted = self.on_main.allocate(self.allocator.start_round, True)
-        if self.use_vllm:
-            sync_vllm_weights(self)
-        with self._colocate_awake():
-            rows, log = self._event_round()
-        summary = self.on_main.allocate(self.allocator.finish_round)
+        def drive() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+            if self.use_vllm:
+                sync_vllm_weights(self)
+            with self._colocate_awake():
+                return self._event_round()
+        admitted, (rows, log), summary = one_round(self.allocator, drive, True, self.on_main.allocate)
         return CollectedRound(rows=rows, trained=rows, summary=summary, admitted=admitted, log=log)
 
     @contextlib.contextmanager
@@ -243,7 +243,7 @@ class StreamRoundMixin:
             self._opened(self.on_main.allocate(lambda: self._stream_rounds.after_train(True)))
 
     def _stream_rounds_left(self) -> int:
-        return min(self.num_rounds, self.args.max_steps // self.steps_per_round) - self.allocator.counters["rounds"]
+        return self.planned_rounds - self.allocator.counters["rounds"]
 
     def _open_stream_round(self) -> None:
         self._opened(self.on_main.allocate(lambda: self._stream_rounds.open()))
@@ -292,7 +292,7 @@ class StreamRoundMixin:
         tokens = sum(log["token_staleness"].values())
         entry["stale_token_share"] = round(1 - log["token_staleness"].get(0, 0) / tokens, 6) if tokens else 0.0
         self._stream_state = self.allocator.snapshot() if self.accelerator.is_main_process else None
-        if summary["finished"] or self._stream_rounds_left() <= 0:
+        if not self.more_rounds:
             self._end_stream()
         else:
             self._opened(self.on_main.allocate(lambda: self._stream_rounds.after_close()))

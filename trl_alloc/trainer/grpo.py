@@ -100,7 +100,7 @@ class _AllocationCallback(TrainerCallback):
                     group["lr"] = lr
             t._saved_lrs = None
         round_done = state.global_step % t.steps_per_round == 0  # the round's later steps still train
-        if t.allocator.budget_exhausted and round_done and state.global_step < state.max_steps:
+        if not t.more_rounds and round_done and state.global_step < state.max_steps:
             control.should_training_stop = True
             control.should_log = True
             if args.save_strategy != "no":
@@ -213,6 +213,17 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         """The round log the main process writes, one JSON line per round: `output_dir/allocation/rounds.jsonl`
         (`allocation.allocator.read_round_log` reads it)."""
         return round_log_file(self.args.output_dir)
+
+    @property
+    def planned_rounds(self) -> int:
+        """The rounds this run takes: `num_rounds`, fewer where `max_steps` stops it early (its last round may
+        take fewer than `steps_per_round` steps)."""
+        return min(self.num_rounds, math.ceil(self.args.max_steps / self.steps_per_round))
+
+    @property
+    def more_rounds(self) -> bool:
+        """Another round follows the last recorded one (`Allocator.more_rounds`, the one stop rule)."""
+        return self.allocator.more_rounds(self.allocator.counters["rounds"], self.planned_rounds)
 
     @property
     def pruner(self) -> RolloutPruner | None:

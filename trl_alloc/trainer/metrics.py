@@ -214,7 +214,7 @@ class RoundMetricsMixin:
         """After `no_signal_warning_rounds` rounds in a row without a mixed group, or at the end of a shorter run that
         never had one: warn, naming the likely cause."""
         streak, limit = self.allocator.signal_streak, self.args.no_signal_warning_rounds
-        last = self.allocator.pacer.finished or self._stream_rounds_left() <= 0
+        last = not self.more_rounds
         short_run = last and streak < limit and streak == self.allocator.counters["rounds"]
         if not (streak == limit or short_run) or not self.accelerator.is_main_process:
             return
