@@ -9,6 +9,8 @@ import numpy as np
 from trl_alloc.allocation import make_filler, make_pacer
 from trl_alloc.allocation.allocator import Allocator, json_default, read_round_log, round_log_file
 from trl_alloc.allocation.pipeline import round_arguments
+from trl_alloc.rollout.engine_model import SimulatedRollouts
+from trl_alloc.rollout.loop import Rounds
 
 N, K = 24, 4
 
@@ -25,32 +27,19 @@ def make_allocator(rounds, budget_units, round_log_path=None):
 
 
 def event_round(e, p, rng, window=6):
-    """One event round as `rollout.drivers.RoundDriver` runs it, with its order of events (ids as numpy ints,
-    as a rollout backend may hand them); returns (rows, events, the summary the trainer broadcasts)."""
-    admitted = e.start_round(events=True)
-    live, rows, events, rid = [], [], [], 0
-    while not e.round_done or live:
-        if not e.round_done:
-            for pid, n in e.submissions(window - len(live)):
-                for _ in range(n):
-                    live.append((pid, rid))
-                    events.append(("submit", np.int64(pid), rid))
-                    rid += 1
-        if not live:
-            continue
-        pid, r = live.pop(int(rng.integers(len(live))))
-        row = {"pid": pid, "success": float(rng.random() < p[pid]), "completion_ids": [1, 2]}
-        rows.append(row)
-        events.append(("done", np.int64(pid), r))
-        cancelled = set(e.observe_rollouts([row]))
-        for doomed in [x for x in live if x[0] in cancelled]:
-            live.remove(doomed)
-            events.append(("abort", np.int64(doomed[0]), doomed[1]))
-            rows.append({"pid": doomed[0], "success": float("nan"), "aborted": True, "completion_ids": [1]})
-            e.observe_rollouts([rows[-1]])
-    summary = e.finish_round()
-    e.record_round(summary, rows, admitted, [], len(summary["groups"]) * K, 0.0, 1.0, events=events)
-    return rows, events, summary
+    """One event round through the round runner (`rollout.loop.Rounds`: a `RoundDriver` over the engine model's
+    simulated engine, so rollouts end and are aborted in a random order), recorded as the trainer records it;
+    returns (rows, events, the summary the trainer broadcasts)."""
+    engine = SimulatedRollouts(lambda pid, r: (r.lognormal(np.log(8), 0.7), r.random() < p[pid]),
+                               max_num_seqs=window, seed=int(rng.integers(2 ** 31)))
+    rnd = next(iter(Rounds.synchronous(e, True, lambda i: engine, lambda pid: [], lambda r: r.info["success"], 64,
+                                       rounds=1, max_inflight=window)))
+    rows = [{"pid": r.tag, "completion_ids": r.token_ids, "aborted": r.finish_reason == "abort",
+             "success": float("nan") if r.finish_reason == "abort" else float(r.info["success"])}
+            for r in rnd.driver.ended]
+    events = [(kind, np.int64(pid), rid) for kind, pid, rid in rnd.driver.events]  # numpy ids, as a backend's
+    e.record_round(rnd.summary, rows, rnd.admitted, [], len(rnd.summary["groups"]) * K, 0.0, 1.0, events=events)
+    return rows, events, rnd.summary
 
 
 def deterministic_round(e, p, rng):

@@ -122,6 +122,7 @@ class ClosedRound:
     closed: Any                   # the filler's closed round
     driver: RoundDriver | StreamDriver
     trained: list[dict[str, Any]] = field(default_factory=list)  # the rows that reach the loss
+    admitted: int = 0             # prompts the pacer admitted when the round opened
 
 
 class Rounds:
@@ -149,7 +150,7 @@ class Rounds:
                     driven = allocator if events else BatchedEventRound(allocator.current_round)  # call whole
                     return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
                 try:
-                    _, driver, summary = one_round(allocator, drive, events)
+                    admitted, driver, summary = one_round(allocator, drive, events)
                 finally:
                     if close_rollouts:
                         rollouts.close()
@@ -158,7 +159,7 @@ class Rounds:
                 trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
                             "aborted": r.finish_reason == "abort", "success": r.info.get("success")}
                            for r in driver.ended if r.tag in kept]
-                yield ClosedRound(i, summary, closed, driver, trained)
+                yield ClosedRound(i, summary, closed, driver, trained, admitted)
                 i += 1
         self._iterate = iterate
         return self
@@ -174,17 +175,18 @@ class Rounds:
 
         def iterate() -> Iterator[ClosedRound]:
             loop = StreamRounds(allocator, driver, self.rounds, colocate)
-            loop.open()
+            admitted = loop.open()
             i = 0
             while True:
                 closed = allocator.current_round
                 summary = loop.close(success)
                 trained = driver.trained
-                rnd = ClosedRound(i, summary, closed, driver, trained)
+                rnd = ClosedRound(i, summary, closed, driver, trained, admitted)
                 yield rnd
                 i += 1
-                loop.after_close()  # (a server: the next round generates while this one trains)
-                loop.after_train(bool(trained), push)  # an empty round: no policy update, nothing pushed
+                opened = loop.after_close()  # (a server: the next round generates while this one trains)
+                pushed = loop.after_train(bool(trained), push)  # an empty round: no policy update, nothing pushed
+                admitted = opened if pushed is None else pushed
                 if after_round is not None:
                     after_round(rnd)
                 if not loop.more:
