@@ -2,14 +2,11 @@
 (`STREAM_ENTRY_KEYS`) and each filler's own stats, as their rounds report them."""
 
 import argparse
-import functools
 import pathlib
 import re
 
-from trl_alloc.allocation.allocator import Allocator
-from trl_alloc.allocation.factory import round_kwargs
 from trl_alloc.allocation.registry import method_names
-from trl_alloc.allocation.simulate import build_method
+from trl_alloc.allocation.simulate import plan_allocator
 from trl_alloc.trainer.metrics import BASE_STATS, STREAM_ENTRY_KEYS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -37,8 +34,7 @@ def filler_stats():
     names = set()
     for filling in method_names("filling"):
         for events in (False, True):
-            pacer, filler, config = build_method(f"uniform+{filling}", plan)
-            allocator = Allocator(pacer, filler, functools.partial(round_kwargs, config, filler), plan={})
+            allocator, _ = plan_allocator(f"uniform+{filling}", plan)
             allocator.start_round(events)
             names |= {(filling, key) for key in set(allocator.finish_round()["stats"]) - set(BASE_STATS)}
     return names

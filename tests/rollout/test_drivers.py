@@ -245,12 +245,12 @@ def test_plan_builds_sara_with_its_overcommit(overcommit):
     """`plan.py --sara_overcommit` reaches the filler it simulates (the config's `sara_overcommit`)."""
     import argparse
 
-    from trl_alloc.allocation.simulate import build_method
+    from trl_alloc.allocation.simulate import plan_allocator
 
     args = argparse.Namespace(prompts=600, rounds=40, budget=8000, unit_size=4, units_per_group=2, capacity=60,
                               tau_low=0.45, history_decay=1.0, seed=0, sara_overcommit=overcommit)
-    _, filler, config = build_method("cero+sara", args)
-    assert filler.overcommit == config.sara_overcommit == overcommit
+    allocator, config = plan_allocator("cero+sara", args)
+    assert allocator.filler.overcommit == config.sara_overcommit == overcommit
 
 
 def test_a_rollout_the_server_cannot_generate_fails_the_round_clearly():

@@ -146,9 +146,11 @@ class Allocator:
 
     @classmethod
     def from_config(cls, args: Any, num_prompts: int, num_rounds: int, plan: dict | Callable[[], dict],
-                    pruner: Any = None, round_log_path: str | None = None) -> Allocator:
-        """The allocator an `AllocGRPOConfig` (or any object with its fields) names, through the registry."""
-        pacer, filler = build_stages(args, num_prompts, num_rounds)
+                    pruner: Any = None, round_log_path: str | None = None,
+                    reference: list | None = None) -> Allocator:
+        """The allocator an `AllocGRPOConfig` (or any object with its fields) names, through the registry.
+        `reference`: a CERO run's allocation log, for a pacer that replays one (`random_matched`, the planner's)."""
+        pacer, filler = build_stages(args, num_prompts, num_rounds, reference=reference)
         return cls(pacer, filler, functools.partial(round_kwargs, args, filler), plan, pruner,
                    round_log_path=round_log_path)
 

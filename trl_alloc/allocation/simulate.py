@@ -6,8 +6,6 @@ docs/benchmarks.md#planning-at-paper-scale-scriptsplanpy-no-model). numpy only.
 from __future__ import annotations
 
 import argparse
-
-import functools
 import time
 import warnings
 from collections.abc import Iterable
@@ -16,9 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .allocator import Allocator
-from .base import Filler, Pacer
 from .event_rounds import Round
-from .factory import build_stages, round_kwargs
 
 if TYPE_CHECKING:
     from .config import AllocationConfig  # (imported when called: config asks the registry for every method)
@@ -129,12 +125,13 @@ def plan_config(method: str, plan: Any) -> AllocationConfig:
                                    "generation_batch_size": plan.budget // plan.rounds, "seed": plan.seed})
 
 
-def build_method(method: str, plan: Any, reference: list | None = None) -> tuple[Pacer, Filler, AllocationConfig]:
-    """(pacer, filler, config) of `method` over a plan's pool (`plan_config`), each stage built by its registered
-    class (`factory.build_stages`)."""
+def plan_allocator(method: str, plan: Any, reference: list | None = None,
+                   round_log_path: str | None = None) -> tuple[Allocator, AllocationConfig]:
+    """The `Allocator` of a run of `method` over a plan's pool, built as the trainer builds its own
+    (`Allocator.from_config` on `plan_config`), and that config."""
     config = plan_config(method, plan)
-    pacer, filler = build_stages(config, plan.prompts, plan.rounds, reference=reference)
-    return pacer, filler, config
+    return Allocator.from_config(config, plan.prompts, plan.rounds, plan={}, reference=reference,
+                                 round_log_path=round_log_path), config
 
 
 def simulate(method: str, args: Any, reference: list | None = None, pool: DriftingPool | None = None,
@@ -142,11 +139,11 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     """Run `method` (e.g. 'cero+sara') over `args.rounds` rounds of a `DriftingPool` (`pool`, else one drawn from
     `args`); returns (summary, per-round record, the pacer's allocation log or None). `args`: plan.py's settings;
     `seed_counts`: (successes, failures) per prompt of a probe pass, for a pacer with `seed_counts` (CERO)."""
-    pacer, filler, config = build_method(method, args, reference)
+    allocator, config = plan_allocator(method, args, reference)
+    pacer = allocator.pacer
     pool = pool or DriftingPool(args.prompts, args.rounds, drift=args.drift, seed=args.seed)
     if seed_counts is not None:
         pacer.seed_counts(*seed_counts)
-    allocator = Allocator(pacer, filler, functools.partial(round_kwargs, config, filler), plan={})
     k = config.num_generations
     rec = {"spend": [], "groups": [], "effective": [], "expected_effective": [], "alloc_ms": []}
     lifts = []
@@ -198,4 +195,4 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
 
 
 __all__ = ["DriftingPool", "PLAN_SHAPE", "fit_drift", "predicted_success_bins", "plan_config", "plan_settings_for",
-           "build_method", "simulate"]
+           "plan_allocator", "simulate"]

@@ -20,7 +20,6 @@ the device, or a synchronous trainer's engine waiting for its step).
 from __future__ import annotations
 
 import collections
-import functools
 import heapq
 import itertools
 import json
@@ -32,8 +31,7 @@ import numpy as np
 
 from ..allocation.arrol import RandomPruning
 from ..allocation.allocator import Allocator, json_default
-from ..allocation.factory import round_kwargs
-from ..allocation.simulate import DriftingPool, build_method
+from ..allocation.simulate import DriftingPool, plan_allocator
 from .backends import Rollout
 from .drivers import StreamDriver
 from .loop import Rounds
@@ -241,9 +239,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     wall seconds, responses, tokens, effective groups, the learning signal of the trained groups (`learning_signal`),
     aborted / carried / stale / pruned rollouts, the engine's idle share and the staleness histograms of the trained
     rollouts (their oldest token) and tokens."""
-    pacer, filler, config = build_method(method, args)
-    allocator = Allocator(pacer, filler, functools.partial(round_kwargs, config, filler), plan={},
-                          round_log_path=round_log_path)
+    allocator, config = plan_allocator(method, args, round_log_path=round_log_path)
     task = SimulatedTask(args, pool)
     train_ms, train_gpus = getattr(args, "train_ms_per_token", 0.0), max(getattr(args, "train_gpus", 1), 1)
     sync_s, colocate = getattr(args, "sync_s", 0.0), bool(getattr(args, "colocate", False))
@@ -279,12 +275,11 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
                     total["token_staleness"][0] += len(r["completion_ids"])
         return tokens * train_ms / 1e3 / train_gpus
 
-    def resume(allocator):  # a fresh pacer and filler from the config, the checkpoint's state loaded into them
+    def resumed(allocator: Allocator) -> Allocator:  # a fresh allocator, the checkpoint's state (JSON) loaded into it
         state = json.loads(json.dumps(allocator.state_dict(), default=json_default))
-        pacer, filler, _ = build_method(method, args)
-        allocator.pacer, allocator.filler = pacer, filler
-        allocator.join = functools.partial(round_kwargs, config, filler)
-        allocator.load_state_dict(state, check_plan=False)
+        fresh, _ = plan_allocator(method, args, round_log_path=round_log_path)
+        fresh.load_state_dict(state, check_plan=False)
+        return fresh
 
     detect = {"detect_at": pruning and args.detect_length, "on_detect": pruning and on_detect}
     success = lambda r: r.info["success"]  # noqa: E731
@@ -322,7 +317,8 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
             if on_close is not None:
                 on_close(driver, allocator)
             if resume_after is not None and rnd.index + 1 == resume_after:
-                resume(allocator)
+                allocator = resumed(allocator)
+                rounds_.resume(allocator)
             engine.pause_for(train_s + sync_s)  # the engine waits for the trainer and the push
             for key, value in (("engine_s", engine.clock_s), ("train_s", train_s), ("responses", driver.spent),
                                ("tokens", driver.tokens), ("aborted", driver.aborted), ("pruned", driver.pruned_count),

@@ -127,7 +127,9 @@ class ClosedRound:
 
 class Rounds:
     """A run's rounds over a rollout backend, in one rollout mode (module docstring); build it with `synchronous`
-    or `stream`. It stops after `rounds` rounds or once the pacer has spent the budget (`Allocator.more_rounds`)."""
+    or `stream`. It stops after `rounds` rounds or once the pacer has spent the budget (`Allocator.more_rounds`).
+    Between synchronous rounds, `resume(allocator)` goes on with another allocator (one a checkpoint's state was
+    loaded into, as a resumed run's)."""
 
     def __init__(self, allocator: Allocator, rounds: int) -> None:
         self.allocator, self.rounds = allocator, int(rounds)
@@ -143,18 +145,19 @@ class Rounds:
 
         def iterate() -> Iterator[ClosedRound]:
             i = 0
-            while allocator.more_rounds(i, self.rounds):
+            while self.allocator.more_rounds(i, self.rounds):
                 rollouts = rollouts_for(i)
 
                 def drive() -> RoundDriver:  # as events each rollout is decided as it ends; otherwise each filler
-                    driven = allocator if events else BatchedEventRound(allocator.current_round)  # call whole
+                    current = self.allocator   # call is submitted whole
+                    driven = current if events else BatchedEventRound(current.current_round)
                     return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
                 try:
-                    admitted, driver, summary = one_round(allocator, drive, events)
+                    admitted, driver, summary = one_round(self.allocator, drive, events)
                 finally:
                     if close_rollouts:
                         rollouts.close()
-                closed = allocator.closed_round
+                closed = self.allocator.closed_round
                 kept = set(summary["groups"])
                 trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
                             "aborted": r.finish_reason == "abort", "success": r.info.get("success")}
@@ -193,6 +196,11 @@ class Rounds:
                     break
         self._iterate = iterate
         return self
+
+    def resume(self, allocator: Allocator) -> None:
+        """The rounds after this one run on `allocator` (synchronous rounds; a stream keeps its driver's rollouts in
+        flight, which a checkpoint does not hold)."""
+        self.allocator = allocator
 
     def __iter__(self) -> Iterator[ClosedRound]:
         return self._iterate()
