@@ -7,6 +7,7 @@ import re
 
 from trl_alloc.allocation.registry import method_names
 from trl_alloc.allocation.simulate import plan_allocator
+from trl_alloc.rollout.loop import one_round
 from trl_alloc.trainer.metrics import BASE_STATS, STREAM_ENTRY_KEYS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -35,8 +36,8 @@ def filler_stats():
     for filling in method_names("filling"):
         for events in (False, True):
             allocator, _ = plan_allocator(f"uniform+{filling}", plan)
-            allocator.start_round(events)
-            names |= {(filling, key) for key in set(allocator.finish_round()["stats"]) - set(BASE_STATS)}
+            _, _, summary = one_round(allocator, lambda: None, events)  # an empty round: its stats' keys
+            names |= {(filling, key) for key in set(summary["stats"]) - set(BASE_STATS)}
     return names
 
 

@@ -5,7 +5,6 @@ seen when it proposes the next round."""
 import argparse
 import collections
 import json
-import math
 
 import numpy as np
 import pytest
@@ -29,9 +28,17 @@ class LateAborts(SimulatedRollouts):
         return super().abort([rid for rid in rids if rid not in ended])
 
 
+class CheckpointedCarry(Allocator):
+    """Each stream round resumes its open groups from JSON, with string keys, as a checkpoint holds them."""
+
+    def start_round(self, events=False, carry=None, wait_for_groups=False):
+        return super().start_round(events, None if carry is None else json.loads(json.dumps(carry)), wait_for_groups)
+
+
 def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.0, seed=0, prompts=300,
                engine_cls=SimulatedRollouts):
-    """`rounds` stream rounds; returns the driver, the per-round log and the checks' raw material."""
+    """`rounds` stream rounds through the round runner (`rollout.loop.Rounds.stream`, a server's order: the next
+    round opens before the training step); returns the driver, the per-round log and the checks' raw material."""
     k = 8
     if pacing == "cero":
         pacer = make_pacer("cero", prompts, rounds=40, budget=800, round_capacity=24, max_units=2, unit_size=4,
@@ -39,30 +46,25 @@ def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.
     else:
         pacer = make_pacer("uniform", prompts, prompts_per_round=12, group_size=k, budget_responses=8000, seed=seed)
     filler = make_filler(filling, group_size=k, **FILLERS[filling])
+    allocator = CheckpointedCarry(pacer, filler, lambda pc, units, **kw: round_arguments(pc, filler, units, **kw),
+                                  plan={})
     p = np.random.default_rng(seed).uniform(0.05, 0.95, prompts)
     budget0 = pacer.remaining_responses
 
     def outcome(pid, rng):
         return rng.lognormal(np.log(60), 0.7), rng.random() < p[pid]
 
+    def train_and_push():  # the next round's rollouts go on while this one trains, then the engine pauses to push
+        engine.run_for(train_s)
+        engine.pause_for(0.5)
+
     engine = engine_cls(outcome, max_num_seqs=window, step_s=0.05, seed=seed)
     driver = StreamDriver(engine, lambda pid: [], 256, max_inflight=window, max_staleness=max_staleness)
-    log, trained_rids, observed, events = [], collections.Counter(), [], []
-    carry = {}
-    for t in range(rounds):
-        if pacer.finished:
-            break
-        carry = json.loads(json.dumps(carry))  # what a checkpoint holds: JSON, string keys
-        rnd = filler.start_event_round(**round_arguments(pacer, filler, pacer.propose(), carry=carry))
-        driver.start(rnd)
-        while (batch := driver.poll()) is not None:
-            rows = [{"pid": r.tag, "completion_ids": r.token_ids,
-                     "success": math.nan if r.finish_reason == "abort" else r.info["success"]} for r in batch]
-            driver.observe(rows)
-            observed.extend(rows)
+    log, trained_rids, events = [], collections.Counter(), []
+    for closed in Rounds.stream(allocator, driver, rounds, success=lambda r: r.info["success"], push=train_and_push):
+        rnd = closed.closed
         events += driver.take_events()  # (the driver keeps only the current round's)
         s, f, started = rnd.outcomes(pacer.num_prompts)
-        pacer.update(s, f, started, prepaid=rnd.prepaid_counts(pacer.num_prompts))
         # the budget is exact at every boundary: what was started, in flight included, is spent
         assert budget0 - pacer.remaining_responses == driver.spent
         assert driver.spent == driver.ended_count + len(driver.live)
@@ -71,18 +73,13 @@ def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.
         carried = sum(st["live"] for st in driver.carry.values())
         running = sum(pid in driver.carry for pid in driver.live.values())
         assert carried == driver.carried == running + len(driver.replay)
-        log.append({"round": t, "groups": list(rnd.groups), "trained": driver.trained, "stats": rnd.stats(),
-                    "s": s, "f": f})
+        log.append({"round": closed.index, "groups": list(rnd.groups), "trained": driver.trained,
+                    "stats": rnd.stats(), "s": s, "f": f})
         for row in driver.trained:
             trained_rids[row["rid"]] += 1
-        carry = driver.carry
-        if driver.trained:
-            engine.run_for(train_s)  # the next round's rollouts go on while this one trains
-            engine.pause_for(0.5)
-            driver.push()
     dropped = driver.finish()
     driver.run_events = events + driver.take_events()
-    return driver, log, trained_rids, observed, dropped, pacer, budget0
+    return driver, log, trained_rids, None, dropped, pacer, budget0
 
 
 @pytest.mark.parametrize("engine_cls", [SimulatedRollouts, LateAborts])
