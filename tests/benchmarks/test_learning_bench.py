@@ -194,6 +194,45 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_with_its_curve(tmp_path)
     assert "held-out accuracy before training" not in (tmp_path / "b" / "stock-s0.log").read_text()
 
 
+def test_a_killed_parts_seconds_are_kept_to_within_the_heartbeat(tmp_path):
+    """The bench killed with SIGKILL while its train.py runs (a stopped session): the seconds the part ran are in
+    its progress file, added to the earlier parts', to within the heartbeat; a timeout still stops the run."""
+    import time
+
+    import psutil
+
+    from trl_alloc.benchmarks.learning import _run_counting_seconds
+
+    progress_path = tmp_path / "run.progress.json"
+    script = (f"import sys\nfrom trl_alloc.benchmarks.learning import _run_counting_seconds\n"
+              f"with open({str(tmp_path / 'run.log')!r}, 'w') as log:\n"
+              f"    _run_counting_seconds([sys.executable, '-c', 'import time; time.sleep(30)'], log, "
+              f"{{'wall_s': 100.0}}, {str(progress_path)!r}, None, 0.1)\n")
+    bench = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    t0, seen = time.perf_counter(), 0.0
+    try:
+        while seen < 101.0 and time.perf_counter() - t0 < 60:  # one second of the part, counted
+            time.sleep(0.1)
+            if progress_path.exists():
+                seen = json.loads(progress_path.read_text())["wall_s"]  # (written whole: os.replace)
+    finally:
+        children = psutil.Process(bench.pid).children(recursive=True)
+        bench.kill()  # (SIGKILL: no handler, no finally runs in the bench)
+        bench.wait()
+        elapsed = time.perf_counter() - t0
+        for child in children:  # its train.py, orphaned
+            child.kill()
+    kept = json.loads(progress_path.read_text())["wall_s"]
+    assert 101.0 <= kept <= 100.0 + elapsed  # the earlier parts' 100 s, and this part's up to its last heartbeat
+    log = open(tmp_path / "timeout.log", "w")
+    progress = {"wall_s": 0.0}
+    with pytest.raises(subprocess.TimeoutExpired):
+        _run_counting_seconds([sys.executable, "-c", "import time; time.sleep(30)"], log, progress,
+                              str(tmp_path / "timeout.json"), 0.5, 0.1)
+    log.close()
+    assert 0.5 <= json.loads((tmp_path / "timeout.json").read_text())["wall_s"] < 10
+
+
 def test_train_script_refuses_a_curve_in_stream_mode(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config",
                            str(ROOT / "configs" / "tiny_cpu.yaml"), "--rollout_mode", "stream", "--eval_every", "2",

@@ -66,12 +66,42 @@ def interrupted_at(out: str) -> int | None:
     return int(last.rsplit("-", 1)[1]) if last else None
 
 
+def _run_counting_seconds(cmd: list[str], log: Any, progress: dict[str, Any], progress_path: str,
+                          timeout: float | None, heartbeat_s: float) -> int:
+    """Run `cmd`, adding its seconds to `progress["wall_s"]` in `progress_path` every `heartbeat_s` and at its end,
+    so a part that a stopped session killed (SIGKILL included) still counts, to within `heartbeat_s`. Returns its
+    exit code."""
+    base, t0 = progress["wall_s"], time.perf_counter()
+
+    def save() -> None:  # whole or not at all (a kill may come mid-write)
+        progress["wall_s"] = base + time.perf_counter() - t0
+        with open(progress_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(progress, f)
+        os.replace(progress_path + ".tmp", progress_path)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=heartbeat_s)
+            except subprocess.TimeoutExpired:
+                save()
+                if timeout is not None and time.perf_counter() - t0 > timeout:
+                    raise
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        save()
+
+
 def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, work_dir: str, eval_every: int,
-            timeout: float | None = None, eval_every_responses: int = 0, save_steps: int = 0) -> dict[str, Any]:
+            timeout: float | None = None, eval_every_responses: int = 0, save_steps: int = 0,
+            heartbeat_s: float = 30.0) -> dict[str, Any]:
     """One `train.py` run of `method` at `seed` (its output in `work_dir/<method>-s<seed>`); its record (settings,
     code commit, engine, curve, allocation summary, wall seconds) is written to the runs folder and returned.
     With `save_steps`, the run keeps its newest checkpoint (with its curve so far) every `save_steps` optimizer steps,
-    and a run that a stopped session interrupted resumes from it; the record lists the steps it resumed at."""
+    and a run that a stopped session interrupted resumes from it; the record lists the steps it resumed at. Its
+    seconds so far are kept every `heartbeat_s` (`<run>.progress.json`), so an interrupted part's count too."""
     out = os.path.join(work_dir, f"{method}-s{seed}")
     cmd = [sys.executable, TRAIN_SCRIPT, *train_args, *method_flags(method), "--seed", str(seed),
            "--output_dir", out, "--eval_every", str(eval_every), "--eval_every_responses", str(eval_every_responses)]
@@ -90,19 +120,11 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
     commit = code_commit()
     progress["commits"].append(commit)
     os.makedirs(work_dir, exist_ok=True)
-    t0 = time.perf_counter()
     with open(out + ".log", "a" if step is not None else "w", encoding="utf-8") as log:
-        with open(progress_path, "w", encoding="utf-8") as f:
-            json.dump(progress, f)
-        try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-        finally:
-            progress["wall_s"] += time.perf_counter() - t0
-            with open(progress_path, "w", encoding="utf-8") as f:
-                json.dump(progress, f)
+        returncode = _run_counting_seconds(cmd, log, progress, progress_path, timeout, heartbeat_s)
     wall_s = progress["wall_s"]
-    if proc.returncode != 0:
-        raise RuntimeError(f"{method} seed {seed}: train.py exited with {proc.returncode} (log: {out}.log)")
+    if returncode != 0:
+        raise RuntimeError(f"{method} seed {seed}: train.py exited with {returncode} (log: {out}.log)")
     with open(os.path.join(out, "allocation", "summary.json"), encoding="utf-8") as f:
         summary = json.load(f)
     if not summary.get("held_out_curve"):
