@@ -37,9 +37,8 @@ def run_round(e, p_success, rng):
         return [{"pid": pid, "success": float(rng.random() < p_success[pid]), "pruned": False,
                  "completion_ids": [1] * (1 + pid % 3)} for pid, n in zip(ids, counts) for _ in range(n)]
     r = e.run_round(generate)
-    summary, rows, admitted, requests = r["summary"], r["rows"], r["admitted"], r["requests"]
-    return e.record_round(summary, rows, admitted, requests, loss_responses=len(summary["groups"]) * K,
-                          allocator_s=0.0, round_s=1.0), rows
+    return e.record_round(r.summary, r.rows, r.admitted, r.requests, loss_responses=len(r.summary["groups"]) * K,
+                          allocator_s=0.0, round_s=1.0), r.rows
 
 
 def test_allocator_accounts_exactly_and_never_overspends(tmp_path):
@@ -177,7 +176,7 @@ def test_one_stop_rule_for_every_rank_and_the_planner():
     for r in main.synchronous_rounds(generate, rounds=10 * ROUNDS):
         closed += 1
         for e in (main, follower):
-            e.record_round(r["summary"], r["rows"], r["admitted"], r["requests"], 0, 0.0, 1.0)
+            e.record_round(r.summary, r.rows, r.admitted, r.requests, 0, 0.0, 1.0)
         assert follower.more_rounds(closed, 10 * ROUNDS) == main.more_rounds(closed, 10 * ROUNDS)
     assert main.pacer.finished and not follower.pacer.finished and closed <= ROUNDS  # the budget, not 10 x ROUNDS
     assert main.counters["responses"] + main.pacer.remaining_responses == 80

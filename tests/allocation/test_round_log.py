@@ -46,9 +46,8 @@ def deterministic_round(e, p, rng):
     """One deterministic round as the trainer drives it (`Allocator.run_round`)."""
     r = e.run_round(lambda ids, counts: [{"pid": pid, "success": float(rng.random() < p[pid]), "completion_ids": [1]}
                                          for pid, n in zip(ids, counts) for _ in range(n)])
-    summary = r["summary"]
-    e.record_round(summary, r["rows"], r["admitted"], r["requests"], len(summary["groups"]) * K, 0.0, 1.0)
-    return r["requests"], summary
+    e.record_round(r.summary, r.rows, r.admitted, r.requests, len(r.summary["groups"]) * K, 0.0, 1.0)
+    return r.requests, r.summary
 
 
 def test_one_line_per_round_with_requests_groups_and_events(tmp_path, monkeypatch):

@@ -8,7 +8,8 @@ main process only, and its result is shared with every rank):
     while (req := allocator.next_request()):        # (prompt ids, responses per prompt)
         rows = generate and score req            # the trainer's part
         allocator.observe(rows, req)                # filler decides; pruner learns
-    # (these lines are `Allocator.run_round`, which the trainer and `allocation.simulate` both call)
+    # (these lines are `Allocator.run_round`, which the trainer and `allocation.simulate` both call; it returns a
+    # `SynchronousRound`)
     # or, event-driven (start_round(events=True); rollout.drivers.RoundDriver runs this part):
     #   allocator.submissions(room) -> [(pid, n)] to start; allocator.observe_rollouts(rows) -> prompts to abort
     summary = allocator.finish_round()              # pacer.update(successes, failures)
@@ -30,6 +31,7 @@ import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -119,6 +121,16 @@ def check_same_plan(state: dict, current: dict, where: str) -> None:
                              f"settings (and dataset), or start a new run in another output_dir.")
 
 
+@dataclass
+class SynchronousRound:
+    """One synchronous round, as `Allocator.run_round` ran it."""
+
+    admitted: int                                    # prompts the pacer admitted
+    rows: list[dict]                                 # every row generated, in request order
+    requests: list[tuple[list[int], list[int]]]      # (prompt ids, responses per prompt), one per generation call
+    summary: dict                                    # `finish_round`'s
+
+
 class Allocator:
     """Pacer + filler (+ pruner) of one run.
 
@@ -193,11 +205,11 @@ class Allocator:
             self.pruner.record(rows)
 
     def run_round(self, generate: Callable[[list[int], list[int]], list[dict]],
-                  step: Callable[..., Any] = _call) -> dict:
+                  step: Callable[..., Any] = _call) -> SynchronousRound:
         """One synchronous round, the loop of the module docstring (the trainer's deterministic mode and
         `allocation.simulate` both run this copy): each request's rows come from `generate(prompt ids, counts)`.
         `step(method, *args)` makes each allocator call (the trainer: on the main process, its result shared with
-        every rank; the simulator: timed). Returns the round's admitted, rows, requests and summary."""
+        every rank; the simulator: timed)."""
         admitted = step(self.start_round, False)
         rows, requests = [], []
         while (request := step(self.next_request)) is not None:
@@ -206,7 +218,7 @@ class Allocator:
             rows.extend(new)
             step(self.observe, new, request)
         summary = step(self.finish_round)
-        return {"admitted": admitted, "rows": rows, "requests": requests, "summary": summary}
+        return SynchronousRound(admitted, rows, requests, summary)
 
     def more_rounds(self, closed: int, rounds: int, min_responses: int = 1) -> bool:
         """The stop rule, in one copy: another round follows `closed` closed rounds while fewer than `rounds` are
@@ -218,7 +230,7 @@ class Allocator:
 
     def synchronous_rounds(self, generate: Callable[[list[int], list[int]], list[dict]], rounds: int,
                            step: Callable[..., Any] = _call, closed: int = 0,
-                           min_responses: int = 1) -> Iterator[dict]:
+                           min_responses: int = 1) -> Iterator[SynchronousRound]:
         """`run_round` while `more_rounds` (counting from `closed`): each round's result, as it closes."""
         while self.more_rounds(closed, rounds, min_responses):
             yield self.run_round(generate, step)
@@ -371,5 +383,5 @@ def trained_groups(entry: dict) -> int:
     return entry["effective_groups"] - entry.get("flat_groups", 0)
 
 
-__all__ = ["Allocator", "trained_groups", "STATE_VERSION", "PLAN_FIELDS", "check_same_plan", "migrate_state",
-           "json_default", "ROUND_LOG_NAME", "round_log_file", "read_round_log", "truncate_round_log"]
+__all__ = ["Allocator", "SynchronousRound", "trained_groups", "STATE_VERSION", "PLAN_FIELDS", "check_same_plan",
+           "migrate_state", "json_default", "ROUND_LOG_NAME", "round_log_file", "read_round_log", "truncate_round_log"]

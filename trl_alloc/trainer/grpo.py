@@ -312,8 +312,8 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         """`rollout_mode="deterministic"`: the filler's generation requests, one batched call each (TRL's
         generation step across the ranks), observed one by one."""
         r = self.allocator.run_round(self._generate_and_score_request, self.on_main.allocate)
-        return CollectedRound(rows=r["rows"], trained=r["rows"], summary=r["summary"], admitted=r["admitted"],
-                              requests=r["requests"])
+        return CollectedRound(rows=r.rows, trained=r.rows, summary=r.summary, admitted=r.admitted,
+                              requests=r.requests)
 
     # ------------------------------------------------------------------ empty rounds
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
