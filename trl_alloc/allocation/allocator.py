@@ -50,7 +50,8 @@ COUNTERS = ("rounds", "responses", "tokens", "empty_rounds", "rounds_without_sig
 ROUND_LOG_NAME = "rounds.jsonl"
 
 
-def _call(method: Callable[..., Any], *args: Any) -> Any:
+def call_in_place(method: Callable[..., Any], *args: Any) -> Any:
+    """An allocator call made where it is (the default `step` of a round; the trainer's runs on its main process)."""
     return method(*args)
 
 
@@ -205,7 +206,7 @@ class Allocator:
             self.pruner.record(rows)
 
     def run_round(self, generate: Callable[[list[int], list[int]], list[dict]],
-                  step: Callable[..., Any] = _call) -> SynchronousRound:
+                  step: Callable[..., Any] = call_in_place) -> SynchronousRound:
         """One synchronous round, the loop of the module docstring (the trainer's deterministic mode and
         `allocation.simulate` both run this copy): each request's rows come from `generate(prompt ids, counts)`.
         `step(method, *args)` makes each allocator call (the trainer: on the main process, its result shared with
@@ -229,7 +230,7 @@ class Allocator:
         return closed < rounds and not finished and self.pacer.remaining_responses >= min_responses
 
     def synchronous_rounds(self, generate: Callable[[list[int], list[int]], list[dict]], rounds: int,
-                           step: Callable[..., Any] = _call, closed: int = 0,
+                           step: Callable[..., Any] = call_in_place, closed: int = 0,
                            min_responses: int = 1) -> Iterator[SynchronousRound]:
         """`run_round` while `more_rounds` (counting from `closed`): each round's result, as it closes."""
         while self.more_rounds(closed, rounds, min_responses):
@@ -383,5 +384,6 @@ def trained_groups(entry: dict) -> int:
     return entry["effective_groups"] - entry.get("flat_groups", 0)
 
 
-__all__ = ["Allocator", "SynchronousRound", "trained_groups", "STATE_VERSION", "PLAN_FIELDS", "check_same_plan",
-           "migrate_state", "json_default", "ROUND_LOG_NAME", "round_log_file", "read_round_log", "truncate_round_log"]
+__all__ = ["Allocator", "SynchronousRound", "call_in_place", "trained_groups", "STATE_VERSION", "PLAN_FIELDS",
+           "check_same_plan", "migrate_state", "json_default", "ROUND_LOG_NAME", "round_log_file", "read_round_log",
+           "truncate_round_log"]

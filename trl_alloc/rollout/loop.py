@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..allocation.allocator import call_in_place
 from ..allocation.event_rounds import BatchedEventRound
 from .drivers import RoundDriver, run_round
 
@@ -53,12 +54,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def _call(method: Callable[..., Any], *args: Any) -> Any:
-    return method(*args)
-
-
 def one_round(allocator: Allocator, drive: Callable[[], T], events: bool = True,
-              step: Callable[..., Any] = _call) -> tuple[int, T, dict[str, Any]]:
+              step: Callable[..., Any] = call_in_place) -> tuple[int, T, dict[str, Any]]:
     """One round of `allocator`: opened (`start_round`), driven by `drive()`, closed (`finish_round`). Returns the
     prompts admitted, what `drive` returned and the round's summary. Each allocator call goes through
     `step(method, *args)` (the trainer's events round: on its main process, the result shared with every rank)."""
@@ -148,9 +145,8 @@ class Rounds:
             while self.allocator.more_rounds(i, self.rounds):
                 rollouts = rollouts_for(i)
 
-                def drive() -> RoundDriver:  # as events each rollout is decided as it ends; otherwise each filler
-                    current = self.allocator   # call is submitted whole
-                    driven = current if events else BatchedEventRound(current.current_round)
+                def drive() -> RoundDriver:  # events: each rollout decided as it ends; else each call submitted whole
+                    driven = self.allocator if events else BatchedEventRound(self.allocator.current_round)
                     return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
                 try:
                     admitted, driver, summary = one_round(self.allocator, drive, events)
