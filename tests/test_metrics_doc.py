@@ -7,7 +7,6 @@ import re
 
 from trl_alloc.allocation.registry import method_names
 from trl_alloc.allocation.simulate import plan_allocator
-from trl_alloc.rollout.loop import one_round
 from trl_alloc.trainer.metrics import BASE_STATS, STREAM_ENTRY_KEYS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -36,7 +35,7 @@ def filler_stats():
     for filling in method_names("filling"):
         for events in (False, True):
             allocator, _ = plan_allocator(f"uniform+{filling}", plan)
-            _, _, summary = one_round(allocator, lambda: None, events)  # an empty round: its stats' keys
+            _, _, summary = allocator.one_round(lambda: None, events)  # an empty round: its stats' keys
             names |= {(filling, key) for key in set(summary["stats"]) - set(BASE_STATS)}
     return names
 

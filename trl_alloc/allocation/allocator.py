@@ -32,7 +32,7 @@ import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -48,6 +48,7 @@ PLAN_FIELDS = ("pacing", "filling", "pruning", "num_prompts", "num_rounds", "rol
                "dataset_fingerprint")
 COUNTERS = ("rounds", "responses", "tokens", "empty_rounds", "rounds_without_signal", "unscored")
 ROUND_LOG_NAME = "rounds.jsonl"
+T = TypeVar("T")
 
 
 def call_in_place(method: Callable[..., Any], *args: Any) -> Any:
@@ -205,20 +206,33 @@ class Allocator:
         if self.pruner is not None:
             self.pruner.record(rows)
 
+    def one_round(self, drive: Callable[[], T], events: bool = False,
+                  step: Callable[..., Any] = call_in_place) -> tuple[int, T, dict]:
+        """One round, in the one copy that opens and closes a whole round: opened (`start_round`), driven by
+        `drive()`, closed (`finish_round`). Returns the prompts admitted, what `drive` returned and the round's
+        summary. Each allocator call goes through `step(method, *args)` (the trainer's: on its main process, the
+        result shared with every rank). `run_round`, `rollout.loop.Rounds` and the trainer's events round run it; a
+        stream's rounds open and close apart (`rollout.loop.StreamRounds`)."""
+        admitted = step(self.start_round, events)
+        driven = drive()
+        summary = step(self.finish_round)
+        return admitted, driven, summary
+
     def run_round(self, generate: Callable[[list[int], list[int]], list[dict]],
                   step: Callable[..., Any] = call_in_place) -> SynchronousRound:
         """One synchronous round, the loop of the module docstring (the trainer's deterministic mode and
         `allocation.simulate` both run this copy): each request's rows come from `generate(prompt ids, counts)`.
         `step(method, *args)` makes each allocator call (the trainer: on the main process, its result shared with
         every rank; the simulator: timed)."""
-        admitted = step(self.start_round, False)
         rows, requests = [], []
-        while (request := step(self.next_request)) is not None:
-            requests.append(request)
-            new = generate(*request)
-            rows.extend(new)
-            step(self.observe, new, request)
-        summary = step(self.finish_round)
+
+        def drive() -> None:
+            while (request := step(self.next_request)) is not None:
+                requests.append(request)
+                new = generate(*request)
+                rows.extend(new)
+                step(self.observe, new, request)
+        admitted, _, summary = self.one_round(drive, False, step)
         return SynchronousRound(admitted, rows, requests, summary)
 
     def more_rounds(self, closed: int, rounds: int, min_responses: int = 1) -> bool:

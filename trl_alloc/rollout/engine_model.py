@@ -253,15 +253,16 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         cut = pruning.prune([s.info["cohort"] for s in snaps])
         return [s.rid for s, c in zip(snaps, cut) if c and not s.info["ended"]]
 
-    def close_round(rnd, summary, trained, driver, token_staleness=None):  # the ended rollouts and events: `driver`'s
+    def close_round(rnd, token_staleness=None):  # a `ClosedRound`; the ended rollouts and events: its driver's
+        summary, trained, driver = rnd.summary, rnd.trained, rnd.driver
         ended = [{"pid": r.tag, "completion_ids": r.token_ids} for r in driver.ended]
         events = driver.take_events()
-        allocator.record_round(summary, ended, admitted=len(summary["groups"]), requests=[],
+        allocator.record_round(summary, ended, admitted=rnd.admitted, requests=[],
                                loss_responses=len(trained), allocator_s=0.0, round_s=0.0, events=events,
                                responses=summary["stats"]["responses"] if mode == "stream" else None,
                                log_fields=None if token_staleness is None else {"token_staleness": {
                                    str(k): v for k, v in sorted(token_staleness.items())}})
-        task.learn(rnd)
+        task.learn(rnd.closed)
         tokens = sum(len(r["completion_ids"]) for r in trained if not (r["pruned"] or r["aborted"]))
         total["trained_tokens"] += tokens
         total["effective_groups"] += summary["stats"]["effective_groups"]
@@ -296,7 +297,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
                 engine.run_for(train_s)
                 engine.pause_for(sync_s)
         for rnd in Rounds.stream(allocator, driver, rounds, colocate, success, push=train_and_sync):
-            train_s = close_round(rnd.closed, rnd.summary, rnd.trained, driver, driver.token_staleness)
+            train_s = close_round(rnd, driver.token_staleness)
             if on_close is not None:
                 on_close(driver, allocator)
             i += 1
@@ -313,7 +314,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
                                      rounds, max_inflight=config.rollout_window, **detect)
         for rnd in rounds_:
             driver, engine = rnd.driver, rnd.driver.rollouts
-            train_s = close_round(rnd.closed, rnd.summary, rnd.trained, driver)
+            train_s = close_round(rnd)
             if on_close is not None:
                 on_close(driver, allocator)
             if resume_after is not None and rnd.index + 1 == resume_after:

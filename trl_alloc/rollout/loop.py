@@ -13,8 +13,6 @@ In a stream, after the loop's body the next round opens (on a server, before the
 after a round that trained (`StreamRounds` below). (The trainer's own rounds go through TRL's generation step across
 its ranks: trainer/grpo.py, trainer/event_modes.py, with `StreamRounds` for a stream.)
 
-`one_round`: open a round, drive it, close it (`Rounds.synchronous` and the trainer's events round run it).
-
 `StreamRounds`: the order of a stream's rounds (`rollout_mode="stream"`); the trainer (trainer/event_modes.py), the
 engine model and the rollout bench all drive their `StreamDriver` through it.
 
@@ -40,9 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from ..allocation.allocator import call_in_place
 from ..allocation.event_rounds import BatchedEventRound
 from .drivers import RoundDriver, run_round
 
@@ -50,20 +47,6 @@ if TYPE_CHECKING:
     from ..allocation.allocator import Allocator
     from .backends import Rollout
     from .drivers import StreamDriver
-
-T = TypeVar("T")
-
-
-def one_round(allocator: Allocator, drive: Callable[[], T], events: bool = True,
-              step: Callable[..., Any] = call_in_place) -> tuple[int, T, dict[str, Any]]:
-    """One round of `allocator`: opened (`start_round`), driven by `drive()`, closed (`finish_round`). Returns the
-    prompts admitted, what `drive` returned and the round's summary. Each allocator call goes through
-    `step(method, *args)` (the trainer's events round: on its main process, the result shared with every rank)."""
-    admitted = step(allocator.start_round, events)
-    driven = drive()
-    summary = step(allocator.finish_round)
-    return admitted, driven, summary
-
 
 class StreamRounds:
     """A run's stream rounds over one `StreamDriver` (module docstring); lives on the main process."""
@@ -149,7 +132,7 @@ class Rounds:
                     driven = self.allocator if events else BatchedEventRound(self.allocator.current_round)
                     return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
                 try:
-                    admitted, driver, summary = one_round(self.allocator, drive, events)
+                    admitted, driver, summary = self.allocator.one_round(drive, events)
                 finally:
                     if close_rollouts:
                         rollouts.close()
@@ -202,4 +185,4 @@ class Rounds:
         return self._iterate()
 
 
-__all__ = ["ClosedRound", "Rounds", "StreamRounds", "one_round"]
+__all__ = ["ClosedRound", "Rounds", "StreamRounds"]

@@ -35,7 +35,7 @@ from typing import Any
 from ..rollout.colocate import RankedRollouts, LocalRankRollouts, VLLMColocateRollouts
 from ..rollout.backends import BatchedRollouts, VLLMServerRollouts
 from ..rollout.drivers import RoundDriver, StreamDriver, drive_round
-from ..rollout.loop import StreamRounds, one_round
+from ..rollout.loop import StreamRounds
 from .round_state import CollectedRound
 from .trl_compat import (colocate_llm, sleep_colocate_engine, sync_vllm_weights, tokenize_prompts, vllm_server_url,
                          wake_colocate_engine)
@@ -131,7 +131,7 @@ class EventRoundMixin:
                 sync_vllm_weights(self)
             with self._colocate_awake():
                 return self._event_round()
-        admitted, (rows, log), summary = one_round(self.allocator, drive, True, self.on_main.allocate)
+        admitted, (rows, log), summary = self.allocator.one_round(drive, True, self.on_main.allocate)
         return CollectedRound(rows=rows, trained=rows, summary=summary, admitted=admitted, log=log)
 
     @contextlib.contextmanager
