@@ -17,8 +17,8 @@ its ranks: trainer/grpo.py, trainer/event_modes.py, with `StreamRounds` for a st
 engine model and the rollout bench all drive their `StreamDriver` through it.
 
     rounds = StreamRounds(allocator, driver, num_rounds, colocate)
-    rounds.open()                               # the first round
     while True:
+        admitted = rounds.begin()               # the round to run: opened now, unless it already is
         summary = rounds.close(score)           # or the driver's poll/observe by hand, then close(None)
         trained = driver.trained                # the rows to train (with their staleness)
         rounds.after_close()                    # a server: the next round opens now and generates while we train
@@ -55,6 +55,7 @@ class StreamRounds:
         self.allocator, self.driver, self.rounds, self.colocate = allocator, driver, int(rounds), bool(colocate)
         self.closed = 0  # rounds closed so far in this session (a resumed run counts from its resume)
         self.is_open = False
+        self.admitted = 0  # prompts the pacer admitted to the open (or last) round
 
     @property
     def more(self) -> bool:
@@ -64,10 +65,16 @@ class StreamRounds:
     def open(self) -> int:
         """The next round, with the groups the last one left open (the number of prompts admitted)."""
         last = self.closed + 1 >= self.rounds
-        admitted = self.allocator.start_round(True, carry=self.driver.carry, wait_for_groups=self.colocate or last)
+        self.admitted = self.allocator.start_round(True, carry=self.driver.carry,
+                                                   wait_for_groups=self.colocate or last)
         self.driver.start(self.allocator.current_round)
         self.is_open = True
-        return admitted
+        return self.admitted
+
+    def begin(self) -> int:
+        """The round to run: the one already open (a server opens it at the last close, a colocate engine after the
+        push), else opened now (the first round, or the first after a resume). The prompts admitted to it."""
+        return self.admitted if self.is_open else self.open()
 
     def close(self, score: Callable[[Rollout], float] | None = None) -> dict[str, Any]:
         """Run the open round to its close with `score` (None: the caller polled and observed the driver itself);
@@ -78,19 +85,20 @@ class StreamRounds:
         self.closed += 1
         return self.allocator.finish_round()
 
-    def after_close(self) -> int | None:
-        """On a server, the next round opens before the training step, so the engine generates while it trains (the
-        number of prompts it admitted; None when nothing opened)."""
-        return self.open() if self.more and not self.colocate else None
+    def after_close(self) -> None:
+        """On a server, the next round opens before the training step, so the engine generates while it trains."""
+        if self.more and not self.colocate:
+            self.open()
 
-    def after_train(self, trained: bool, push: Callable[[], None] | None = None) -> int | None:
+    def after_train(self, trained: bool, push: Callable[[], None] | None = None) -> None:
         """After the training step: the new weights (`push()`, e.g. the weight sync) and one version on, only after
-        a round that trained; then, on a colocate engine, the next round (the prompts it admitted, or None)."""
+        a round that trained; then, on a colocate engine, the next round."""
         if trained:
             if push is not None:
                 push()
             self.driver.push()
-        return self.open() if self.more and self.colocate and not self.is_open else None
+        if self.more and self.colocate and not self.is_open:
+            self.open()
 
 
 @dataclass
@@ -157,18 +165,17 @@ class Rounds:
 
         def iterate() -> Iterator[ClosedRound]:
             loop = StreamRounds(allocator, driver, self.rounds, colocate)
-            admitted = loop.open()
             i = 0
             while True:
+                admitted = loop.begin()
                 closed = allocator.current_round
                 summary = loop.close(success)
                 trained = driver.trained
                 rnd = ClosedRound(i, summary, closed, driver, trained, admitted)
                 yield rnd
                 i += 1
-                opened = loop.after_close()  # (a server: the next round generates while this one trains)
-                pushed = loop.after_train(bool(trained), push)  # an empty round: no policy update, nothing pushed
-                admitted = opened if pushed is None else pushed
+                loop.after_close()  # (a server: the next round generates while this one trains)
+                loop.after_train(bool(trained), push)  # an empty round: no policy update, nothing pushed
                 if after_round is not None:
                     after_round(rnd)
                 if not loop.more:

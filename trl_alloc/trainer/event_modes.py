@@ -197,8 +197,6 @@ class StreamRoundMixin:
 
     _stream = None          # the StreamDriver (main process)
     _stream_rounds = None   # its `rollout.loop.StreamRounds`: the order of open, close and push (main process)
-    _stream_open = False    # the round to run is already open (started before the last one trained)
-    _stream_admitted = 0
     _stream_state = None    # the allocator's state at the last close: what a checkpoint holds
     _stream_step = 0        # the global step of the last version bump
 
@@ -216,11 +214,6 @@ class StreamRoundMixin:
                                                    self.colocate)
         return self._stream
 
-    def _opened(self, admitted: int | None) -> None:
-        """Every rank: whether the loop opened the next round (`admitted`: its prompts, None when it did not)."""
-        if admitted is not None:
-            self._stream_admitted, self._stream_open = admitted, True
-
     def _stream_push(self) -> None:
         """After an optimizer step: the new weights to the engine (paused with `mode=keep`), one version on; on a
         colocate engine the next round then opens (`StreamRounds.after_train`)."""
@@ -229,7 +222,7 @@ class StreamRoundMixin:
         self._stream_step = self.state.global_step
         last = getattr(self, "round_state", None)
         if last is not None and last.empty:  # an empty round's step (learning rate 0) changed no weight: the policy
-            self._opened(self.on_main.allocate(lambda: self._stream_rounds.after_train(False)))  # no new version
+            self.on_main.allocate(lambda: self._stream_rounds.after_train(False))  # no new version
             return
         main = self.accelerator.is_main_process
         server = self.use_vllm and not self.colocate  # (a colocate engine only steps when polled: nothing to pause)
@@ -240,22 +233,17 @@ class StreamRoundMixin:
                 self._stream.rollouts.load_head(self.pruner.head)
             # still paused: each rollout in flight has exactly the tokens the old weights generated (the push took
             # longer than the last of them took to arrive); its later tokens are the new version's
-            self._opened(self.on_main.allocate(lambda: self._stream_rounds.after_train(True)))
+            self.on_main.allocate(lambda: self._stream_rounds.after_train(True))
 
     def _stream_rounds_left(self) -> int:
         return self.planned_rounds - self.allocator.counters["rounds"]
-
-    def _open_stream_round(self) -> None:
-        self._opened(self.on_main.allocate(lambda: self._stream_rounds.open()))
 
     def _run_stream_round(self) -> CollectedRound:
         """One stream round on every rank: the rows that ended in it, the rows to train (with their staleness), the
         allocator's summary, the prompts admitted, the log, and `after(entry)` for once the round is recorded."""
         driver = self._stream_driver()
         self._stream_push()
-        if not self._stream_open:  # the first round, or the first after a resume
-            self._open_stream_round()
-        self._stream_open = False
+        admitted = self.on_main.allocate(lambda: self._stream_rounds.begin())  # (open unless opened at the last close)
         held_rows = self.__dict__.setdefault("_stream_rows", {})
         rows = self._poll_round(driver)
         held_rows.update({row["rid"]: row for row in rows if not row.get("aborted")})
@@ -277,7 +265,7 @@ class StreamRoundMixin:
             log = {**log, "events": events}
         trained_rows = [dict(held_rows[rid], staleness=s) for rid, s in trained]
         self._stream_rows = {rid: held_rows[rid] for rid in held}
-        return CollectedRound(rows=rows, trained=trained_rows, summary=summary, admitted=self._stream_admitted,
+        return CollectedRound(rows=rows, trained=trained_rows, summary=summary, admitted=admitted,
                               log=log, responses=summary["stats"]["responses"],
                               log_fields={"token_staleness": log["token_staleness"]},
                               after=lambda entry: self._after_stream_round(summary, entry, log))
@@ -295,7 +283,7 @@ class StreamRoundMixin:
         if not self.more_rounds:
             self._end_stream()
         else:
-            self._opened(self.on_main.allocate(lambda: self._stream_rounds.after_close()))
+            self.on_main.allocate(lambda: self._stream_rounds.after_close())
 
     def _end_stream(self) -> None:
         if self._stream is not None or self.on_main.ranks is not None:  # spent by the rounds that started them
@@ -307,7 +295,7 @@ class StreamRoundMixin:
                 end()
             self._close_rollouts(self._stream and self._stream.rollouts)
             self._stream = self._stream_rounds = None
-        self._stream_open, self._stream_rows = False, {}
+        self._stream_rows = {}
 
     def stream_note(self) -> dict[str, Any] | None:
         """What became of the stream's rollouts at a checkpoint (None outside stream mode)."""
