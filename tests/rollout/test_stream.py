@@ -261,3 +261,38 @@ def test_a_stream_holds_no_history():
     assert driver.pruned_count > rounds and driver.carried_total > 0 and driver.spent > 5 * rounds
     early, late = max(held[:200]), max(held[-1000:])
     assert late <= 1.5 * early, (early, late)  # flat: bounded by a round and the window, not by the rounds run
+
+
+@pytest.mark.parametrize("colocate", [False, True])
+def test_stream_rounds_open_each_round_once(colocate):
+    """`StreamRounds.begin` opens a round only when none is open: a server's next round opens at the close (before
+    the training step), a colocate engine's after the push; begin then hands back that round and what it admitted,
+    and a round that trained nothing pushes no version."""
+    from trl_alloc.rollout.loop import StreamRounds
+
+    pacer = make_pacer("uniform", 40, prompts_per_round=4, group_size=4, budget_responses=10 ** 5, seed=0)
+    filler = make_filler("full", group_size=4)
+    allocator = Allocator(pacer, filler, lambda pc, units, **kw: round_arguments(pc, filler, units, **kw), plan={})
+    engine = SimulatedRollouts(lambda pid, rng: (rng.lognormal(np.log(20), 0.5), rng.random() < 0.5),
+                               max_num_seqs=16, step_s=0.05, seed=0)
+    driver = StreamDriver(engine, lambda pid: [], 64, max_inflight=16)
+    loop = StreamRounds(allocator, driver, 4, colocate)
+    opened = []
+    start_round = allocator.start_round
+    allocator.start_round = lambda *a, **kw: opened.append(start_round(*a, **kw)) or opened[-1]
+    versions = []
+    while True:
+        admitted = loop.begin()
+        assert loop.is_open and admitted == opened[-1] == 4 and loop.begin() == admitted  # no second open
+        loop.close(lambda r: r.info["success"])
+        assert not loop.is_open
+        loop.after_close()
+        assert loop.is_open == (not colocate and loop.more)  # a server's next round opens before the training step
+        trained = loop.closed % 2 == 1  # every other round trains nothing: no push, no new version
+        loop.after_train(trained)
+        versions.append(driver.version)
+        assert loop.is_open == loop.more  # colocate: opened after the push
+        if not loop.more:
+            break
+    driver.finish()
+    assert len(opened) == loop.closed == 4 and versions == [1, 1, 2, 2]
