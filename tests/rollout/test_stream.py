@@ -54,16 +54,18 @@ def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.
     def outcome(pid, rng):
         return rng.lognormal(np.log(60), 0.7), rng.random() < p[pid]
 
-    def train_and_push():  # the next round's rollouts go on while this one trains, then the engine pauses to push
+    def train_and_push(bump):  # the next round's rollouts go on while this one trains, then the engine pauses to push
         engine.run_for(train_s)
         engine.pause_for(0.5)
+        bump()
 
     engine = engine_cls(outcome, max_num_seqs=window, step_s=0.05, seed=seed)
     driver = StreamDriver(engine, lambda pid: [], 256, max_inflight=window, max_staleness=max_staleness)
     log, trained_rids, events = [], collections.Counter(), []
-    for closed in Rounds.stream(allocator, driver, rounds, success=lambda r: r.info["success"], push=train_and_push):
+
+    def at_close(closed):  # the runner's `record` hook: at the close, before the next round opens
         rnd = closed.closed
-        events += driver.take_events()  # (the driver keeps only the current round's)
+        events.extend(driver.take_events())  # (the driver keeps only the current round's)
         s, f, started = rnd.outcomes(pacer.num_prompts)
         # the budget is exact at every boundary: what was started, in flight included, is spent
         assert budget0 - pacer.remaining_responses == driver.spent
@@ -77,6 +79,9 @@ def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.
                     "stats": rnd.stats(), "s": s, "f": f})
         for row in driver.trained:
             trained_rids[row["rid"]] += 1
+    for _ in Rounds.stream(allocator, driver, rounds, success=lambda r: r.info["success"], push=train_and_push,
+                           record=at_close):
+        pass
     dropped = driver.finish()
     driver.run_events = events + driver.take_events()
     return driver, log, trained_rids, None, dropped, pacer, budget0
@@ -254,7 +259,7 @@ def test_a_stream_holds_no_history():
                           plan={})
     held, budget0 = [], pacer.remaining_responses
     for _ in Rounds.stream(allocator, driver, rounds, success=lambda r: r.info["success"],
-                           push=lambda: engine.run_for(1.0),  # the trainer's step: the engine decodes meanwhile
+                           push=lambda bump: (engine.run_for(1.0), bump()),  # the trainer's step, then the push
                            after_round=lambda rnd: held.append(held_by(driver))):
         pass
     assert budget0 - pacer.remaining_responses == driver.spent == driver.ended_count + len(driver.live)
@@ -284,7 +289,8 @@ def test_stream_rounds_open_each_round_once(colocate):
     while True:
         admitted = loop.begin()
         assert loop.is_open and admitted == opened[-1] == 4 and loop.begin() == admitted  # no second open
-        loop.close(lambda r: r.info["success"])
+        driver.run(lambda r: r.info["success"])
+        loop.close()
         assert not loop.is_open
         loop.after_close()
         assert loop.is_open == (not colocate and loop.more)  # a server's next round opens before the training step

@@ -218,21 +218,24 @@ class Allocator:
         summary = step(self.finish_round)
         return admitted, driven, summary
 
+    def drive_requests(self, generate: Callable[[list[int], list[int]], list[dict]],
+                       step: Callable[..., Any] = call_in_place) -> tuple[list[dict], list[tuple[list, list]]]:
+        """The open synchronous round, driven to its end: each filler request's rows come from `generate(prompt ids,
+        counts)` and are observed. Returns every row and the requests. `step(method, *args)` makes each allocator
+        call (the trainer: on the main process, its result shared with every rank; the simulator: timed)."""
+        rows, requests = [], []
+        while (request := step(self.next_request)) is not None:
+            requests.append(request)
+            new = generate(*request)
+            rows.extend(new)
+            step(self.observe, new, request)
+        return rows, requests
+
     def run_round(self, generate: Callable[[list[int], list[int]], list[dict]],
                   step: Callable[..., Any] = call_in_place) -> SynchronousRound:
-        """One synchronous round, the loop of the module docstring (the trainer's deterministic mode and
-        `allocation.simulate` both run this copy): each request's rows come from `generate(prompt ids, counts)`.
-        `step(method, *args)` makes each allocator call (the trainer: on the main process, its result shared with
-        every rank; the simulator: timed)."""
-        rows, requests = [], []
-
-        def drive() -> None:
-            while (request := step(self.next_request)) is not None:
-                requests.append(request)
-                new = generate(*request)
-                rows.extend(new)
-                step(self.observe, new, request)
-        admitted, _, summary = self.one_round(drive, False, step)
+        """One synchronous round, the loop of the module docstring: opened, `drive_requests`, closed. (The trainer's
+        deterministic mode runs the same through `rollout.loop.Rounds.driven`.)"""
+        admitted, (rows, requests), summary = self.one_round(lambda: self.drive_requests(generate, step), False, step)
         return SynchronousRound(admitted, rows, requests, summary)
 
     def more_rounds(self, closed: int, rounds: int, min_responses: int = 1) -> bool:

@@ -220,10 +220,11 @@ def _run_stream(config, backend, prompt_ids_of, score, rounds, num_prompts, trai
     per_round, staleness = [], []
     completed, score = _recording(score)
 
-    def train_step():  # the trainer's step (a server generates meanwhile), then the head the close trained
+    def train_step(bump):  # the trainer's step (a server generates meanwhile), then the head the close trained
         time.sleep(train_s)
         if pruner is not None:
             rollouts.load_head(pruner.head)
+        bump()
     with backend.monitor(window) as monitor:
         monitor.active = True
         try:
@@ -311,8 +312,11 @@ def predict_rounds(method: str, config: AllocGRPOConfig, result: dict[str, Any],
     if mode == "stream":
         driver = StreamDriver(sim, lambda pid: [], config.max_completion_length, window,
                               max_staleness=config.max_staleness)
-        for _ in Rounds.stream(allocator, driver, rounds, success=success, push=lambda: sim.run_for(train_s),
-                               after_round=cycle_ends):
+
+        def train(bump):  # the trainer's step (the engine decodes meanwhile), then the push
+            sim.run_for(train_s)
+            bump()
+        for _ in Rounds.stream(allocator, driver, rounds, success=success, push=train, after_round=cycle_ends):
             pass
     else:
         for rnd in Rounds.synchronous(allocator, mode == "events", lambda _: sim, lambda pid: [], success,

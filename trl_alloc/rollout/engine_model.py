@@ -290,18 +290,23 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
         driver = StreamDriver(engine, lambda pid: [], args.max_tokens, max_inflight=config.rollout_window,
                               max_staleness=config.max_staleness, **detect)
 
-        def train_and_sync():  # the trainer's step, then the weight push
+        def record(rnd):  # at the close, before the next round opens (on a server): the round's training seconds
+            train_s = close_round(rnd, driver.token_staleness)
+            if on_close is not None:
+                on_close(driver, allocator)
+            total["train_s"] += train_s
+            return train_s
+
+        def train_and_sync(bump):  # the trainer's step, then the weight push (one version on while paused)
             if colocate:  # one GPU: the engine waits for the trainer
                 engine.pause_for(train_s + sync_s)
             else:
                 engine.run_for(train_s)
                 engine.pause_for(sync_s)
-        for rnd in Rounds.stream(allocator, driver, rounds, colocate, success, push=train_and_sync):
-            train_s = close_round(rnd, driver.token_staleness)
-            if on_close is not None:
-                on_close(driver, allocator)
+            bump()
+        for rnd in Rounds.stream(allocator, driver, rounds, colocate, success, push=train_and_sync, record=record):
+            train_s = rnd.recorded
             i += 1
-            total["train_s"] += train_s
         driver.finish()
         total.update(engine_s=engine.clock_s, busy_s=engine.busy_s, slot_s=engine.clock_s * engine.slots,
                      responses=driver.spent, tokens=driver.tokens, aborted=driver.aborted,

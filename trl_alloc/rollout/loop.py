@@ -1,31 +1,26 @@
-"""The rounds of a run over a rollout backend, in one place.
+"""The round runner: a run's rounds, in one place, for every rollout mode and every caller.
 
-`Rounds`: a run's rounds in one rollout mode, as the engine model (`rollout.engine_model.simulate_engine`,
-scripts/plan.py) and the rollout bench (`benchmarks.rollout`) drive them; it opens, drives and closes each round and
-decides when the run stops (its rounds done, or the budget spent):
+`Rounds` opens, drives and closes each round, hands it to its `record` hook, decides when the run stops (its
+rounds done, or the budget spent: `Allocator.more_rounds`) and, in a stream, when the next round opens and when
+the weights are pushed. The trainer (trainer/grpo.py; TRL pulls one round per generation batch, so it calls
+`next()` on the same iterator), the engine model (`rollout.engine_model.simulate_engine`, scripts/plan.py), the
+rollout bench (`benchmarks.rollout`) and the tests all iterate it:
 
+    rounds = Rounds.driven(allocator, num_rounds, drive, events, step, record)        # drive(i) runs round i
     rounds = Rounds.synchronous(allocator, events, rollouts_for, prompt_ids_of, score, max_tokens, num_rounds)
-    rounds = Rounds.stream(allocator, stream_driver, num_rounds, colocate, push=train_and_push)
-    for rnd in rounds:          # a `ClosedRound`: its summary, the filler's closed round, its driver, trained rows
-        ...record and learn from rnd...
+    rounds = Rounds.stream(allocator, stream_driver, num_rounds, colocate, score, push=push, record=record)
+    for rnd in rounds:          # a `ClosedRound`, already recorded: its summary, the filler's round, rows, result
+        ...train on rnd.trained...
 
-In a stream, after the loop's body the next round opens (on a server, before the training step) and `push` runs
-after a round that trained (`StreamRounds` below). (The trainer's own rounds go through TRL's generation step across
-its ranks: trainer/grpo.py, trainer/event_modes.py, with `StreamRounds` for a stream.)
+Each allocator call goes through `step(method, *args)` (the trainer's: made on its main process, the result
+handed to every rank; the default makes it in place).
 
-`StreamRounds`: the order of a stream's rounds (`rollout_mode="stream"`); the trainer (trainer/event_modes.py), the
-engine model and the rollout bench all drive their `StreamDriver` through it.
+A stream (`rollout_mode="stream"`) keeps one `StreamDriver` across rounds, in `StreamRounds`' order:
 
-    rounds = StreamRounds(allocator, driver, num_rounds, colocate)
-    while True:
-        admitted = rounds.begin()               # the round to run: opened now, unless it already is
-        summary = rounds.close(score)           # or the driver's poll/observe by hand, then close(None)
-        trained = driver.trained                # the rows to train (with their staleness)
-        rounds.after_close()                    # a server: the next round opens now and generates while we train
-        ...train on `trained`...
-        rounds.after_train(bool(trained))       # the push (one policy version on), then, colocate, the next round
-        if not rounds.more: break
-    driver.finish()
+    round i:  begin (opened now, unless it already is) → drive to the close → close → record(rnd)
+              → a server: round i+1 opens now, generating while round i trains
+              → yield rnd (the caller trains) → push(bump) after a round that trained (bump: one policy version
+                on, called while the engine is still paused) → a colocate engine: round i+1 opens now
 
 Rules (one copy of each): a round waits for its groups when it is the last one (nothing after it to carry them)
 or on a colocate engine (it idles while the trainer trains, so closing early would overlap nothing); the next round
@@ -40,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..allocation.allocator import call_in_place
 from ..allocation.event_rounds import BatchedEventRound
 from .drivers import RoundDriver, run_round
 
@@ -48,8 +44,12 @@ if TYPE_CHECKING:
     from .backends import Rollout
     from .drivers import StreamDriver
 
+Step = Callable[..., Any]
+
+
 class StreamRounds:
-    """A run's stream rounds over one `StreamDriver` (module docstring); lives on the main process."""
+    """The order of a stream's rounds over one `StreamDriver` (module docstring); `Rounds.stream` drives it, on the
+    main process."""
 
     def __init__(self, allocator: Allocator, driver: StreamDriver, rounds: int, colocate: bool = False) -> None:
         self.allocator, self.driver, self.rounds, self.colocate = allocator, driver, int(rounds), bool(colocate)
@@ -76,11 +76,8 @@ class StreamRounds:
         push), else opened now (the first round, or the first after a resume). The prompts admitted to it."""
         return self.admitted if self.is_open else self.open()
 
-    def close(self, score: Callable[[Rollout], float] | None = None) -> dict[str, Any]:
-        """Run the open round to its close with `score` (None: the caller polled and observed the driver itself);
-        the allocator's summary."""
-        if score is not None:
-            self.driver.run(score)
+    def close(self) -> dict[str, Any]:
+        """Close the open round (its driver polled and observed to the close); the allocator's summary."""
         self.is_open = False
         self.closed += 1
         return self.allocator.finish_round()
@@ -90,12 +87,10 @@ class StreamRounds:
         if self.more and not self.colocate:
             self.open()
 
-    def after_train(self, trained: bool, push: Callable[[], None] | None = None) -> None:
-        """After the training step: the new weights (`push()`, e.g. the weight sync) and one version on, only after
-        a round that trained; then, on a colocate engine, the next round."""
+    def after_train(self, trained: bool) -> None:
+        """After the training step (and the weight push, if it `trained`): one policy version on, only after a round
+        that trained; then, on a colocate engine, the next round."""
         if trained:
-            if push is not None:
-                push()
             self.driver.push()
         if self.more and self.colocate and not self.is_open:
             self.open()
@@ -108,77 +103,118 @@ class ClosedRound:
     index: int                    # rounds closed before it in this loop
     summary: dict[str, Any]       # `Allocator.finish_round`'s
     closed: Any                   # the filler's closed round
-    driver: RoundDriver | StreamDriver
+    driver: RoundDriver | StreamDriver | None
     trained: list[dict[str, Any]] = field(default_factory=list)  # the rows that reach the loss
     admitted: int = 0             # prompts the pacer admitted when the round opened
+    result: Any = None            # what the round's `drive` returned
+    recorded: Any = None          # what the run's `record` hook returned (the trainer: its loss batches)
 
 
 class Rounds:
-    """A run's rounds over a rollout backend, in one rollout mode (module docstring); build it with `synchronous`
-    or `stream`. It stops after `rounds` rounds or once the pacer has spent the budget (`Allocator.more_rounds`).
-    Between synchronous rounds, `resume(allocator)` goes on with another allocator (one a checkpoint's state was
-    loaded into, as a resumed run's)."""
+    """A run's rounds (module docstring); build it with `driven`, `synchronous` or `stream`. It stops after `rounds`
+    rounds or once the pacer has spent the budget (`Allocator.more_rounds`). Between synchronous rounds,
+    `resume(allocator)` goes on with another allocator (one a checkpoint's state was loaded into, as a resumed
+    run's)."""
 
-    def __init__(self, allocator: Allocator, rounds: int) -> None:
+    def __init__(self, allocator: Allocator, rounds: int,
+                 record: Callable[[ClosedRound], Any] | None = None) -> None:
         self.allocator, self.rounds = allocator, int(rounds)
+        self.record = record or (lambda rnd: None)
         self._iterate: Callable[[], Iterator[ClosedRound]] = lambda: iter(())
 
     @classmethod
-    def synchronous(cls, allocator: Allocator, events: bool, rollouts_for: Callable[[int], Any],
-                    prompt_ids_of: Callable[[int], Sequence[int]], success: Callable[[Rollout], float],
-                    max_tokens: int, rounds: int, close_rollouts: bool = False, **driver_kwargs: Any) -> Rounds:
-        """Deterministic (each filler call submitted whole) or events rounds, each over `rollouts_for(i)`, the
-        backend of round i (closed after it with `close_rollouts`). `driver_kwargs`: `RoundDriver`'s."""
-        self = cls(allocator, rounds)
+    def driven(cls, allocator: Allocator, rounds: int, drive: Callable[[int], Any], events: bool = False,
+               step: Step = call_in_place, record: Callable[[ClosedRound], Any] | None = None,
+               complete: Callable[[ClosedRound], None] | None = None) -> Rounds:
+        """Synchronous (`events` False: each filler call submitted whole) or event-driven rounds: each opened,
+        `drive(i)` run inside it (its result is the round's `result`), closed (`Allocator.one_round`),
+        `complete(rnd)` (fills in its driver and trained rows) and `record(rnd)`, then yielded."""
+        self = cls(allocator, rounds, record)
 
         def iterate() -> Iterator[ClosedRound]:
             i = 0
             while self.allocator.more_rounds(i, self.rounds):
-                rollouts = rollouts_for(i)
-
-                def drive() -> RoundDriver:  # events: each rollout decided as it ends; else each call submitted whole
-                    driven = self.allocator if events else BatchedEventRound(self.allocator.current_round)
-                    return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
-                try:
-                    admitted, driver, summary = self.allocator.one_round(drive, events)
-                finally:
-                    if close_rollouts:
-                        rollouts.close()
-                closed = self.allocator.closed_round
-                kept = set(summary["groups"])
-                trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in driver.pruned,
-                            "aborted": r.finish_reason == "abort", "success": r.info.get("success")}
-                           for r in driver.ended if r.tag in kept]
-                yield ClosedRound(i, summary, closed, driver, trained, admitted)
+                admitted, result, summary = self.allocator.one_round(lambda: drive(i), events, step)
+                rnd = ClosedRound(i, summary, self.allocator.closed_round, None, [], admitted, result)
+                if complete is not None:
+                    complete(rnd)
+                rnd.recorded = self.record(rnd)
+                yield rnd
                 i += 1
         self._iterate = iterate
         return self
 
     @classmethod
-    def stream(cls, allocator: Allocator, driver: StreamDriver, rounds: int, colocate: bool = False,
-               success: Callable[[Rollout], float] | None = None, push: Callable[[], None] | None = None,
-               after_round: Callable[[ClosedRound], None] | None = None) -> Rounds:
-        """One `StreamDriver` across rounds (`StreamRounds`): each round run to its close with `success`; after the
-        loop's body the next round opens (a server) or `push` runs and then it opens (colocate); `after_round(rnd)`
-        ends the round's cycle (after its push: what a round's seconds include)."""
-        self = cls(allocator, rounds)
+    def synchronous(cls, allocator: Allocator, events: bool, rollouts_for: Callable[[int], Any],
+                    prompt_ids_of: Callable[[int], Sequence[int]], success: Callable[[Rollout], float],
+                    max_tokens: int, rounds: int, close_rollouts: bool = False,
+                    record: Callable[[ClosedRound], Any] | None = None, **driver_kwargs: Any) -> Rounds:
+        """`driven` rounds over a rollout backend: round i's `RoundDriver` (its `driver`) over `rollouts_for(i)`
+        (closed after it with `close_rollouts`), each filler call submitted whole unless `events`; its trained rows
+        the committed groups'. `driver_kwargs`: `RoundDriver`'s."""
+        def drive(i: int) -> RoundDriver:
+            rollouts = rollouts_for(i)
+            try:  # events: each rollout decided as it ends; else each call submitted whole
+                driven = self.allocator if events else BatchedEventRound(self.allocator.current_round)
+                return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
+            finally:
+                if close_rollouts:
+                    rollouts.close()
+
+        def complete(rnd: ClosedRound) -> None:
+            rnd.driver, kept = rnd.result, set(rnd.summary["groups"])
+            rnd.trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in rnd.driver.pruned,
+                            "aborted": r.finish_reason == "abort", "success": r.info.get("success")}
+                           for r in rnd.driver.ended if r.tag in kept]
+        self = cls.driven(allocator, rounds, drive, events, record=record, complete=complete)
+        return self
+
+    @classmethod
+    def stream(cls, allocator: Allocator, driver: StreamDriver | None, rounds: int, colocate: bool = False,
+               success: Callable[[Rollout], float] | None = None,
+               push: Callable[[Callable[[], None]], None] | None = None,
+               after_round: Callable[[ClosedRound], None] | None = None, *, drive: Callable[[], Any] | None = None,
+               step: Step = call_in_place, record: Callable[[ClosedRound], Any] | None = None,
+               push_first: bool = False) -> Rounds:
+        """One `StreamDriver` across rounds, in `StreamRounds`' order (module docstring). Each round is driven to its
+        close by `drive()` (default: the driver's own poll and observe, scored by `success`), closed and
+        recorded; the caller trains in the loop's body. `push(bump)`: after a round that trained, the new weights to
+        the engine, then `bump()` while the engine is still paused (default: `bump()` alone); `push_first`: a push
+        before the first round too (a resumed run's engine gets the checkpoint's weights). `after_round(rnd)` ends
+        the round's cycle (after its push: what a round's seconds include). `driver` is None off the trainer's main
+        process, where `step` makes no call."""
+        self = cls(allocator, rounds, record)
+        run = drive or (lambda: driver.run(success))
+        pushed = push or (lambda bump: bump())
 
         def iterate() -> Iterator[ClosedRound]:
             loop = StreamRounds(allocator, driver, self.rounds, colocate)
+
+            def after_train(trained: bool) -> None:
+                if trained:
+                    pushed(lambda: step(loop.after_train, True))
+                else:  # an empty round: no policy update, nothing pushed
+                    step(loop.after_train, False)
+            if push_first:
+                after_train(True)
             i = 0
             while True:
-                admitted = loop.begin()
+                admitted = step(loop.begin)
                 closed = allocator.current_round
-                summary = loop.close(success)
-                trained = driver.trained
-                rnd = ClosedRound(i, summary, closed, driver, trained, admitted)
+                result = run()
+                summary = step(loop.close)
+                rnd = ClosedRound(i, summary, closed, driver, [] if driver is None else driver.trained, admitted,
+                                  result)
+                rnd.recorded = self.record(rnd)
+                more = allocator.more_rounds(i + 1, self.rounds)  # (the rule `loop.more` applies, on every rank)
+                if more:
+                    step(loop.after_close)  # a server: the next round generates while this one trains
                 yield rnd
                 i += 1
-                loop.after_close()  # (a server: the next round generates while this one trains)
-                loop.after_train(bool(trained), push)  # an empty round: no policy update, nothing pushed
+                after_train(bool(rnd.trained))
                 if after_round is not None:
                     after_round(rnd)
-                if not loop.more:
+                if not more:
                     break
         self._iterate = iterate
         return self

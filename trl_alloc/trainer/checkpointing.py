@@ -124,6 +124,7 @@ class CheckpointMixin:
     def load_allocation_state(self, state: dict[str, Any], path: str = ALLOCATION_STATE_NAME,
                               check: bool = True) -> None:
         self._end_stream()
+        self._rounds = None  # the next round starts a fresh round runner, from the loaded counters
         self.allocator.load_state_dict(state, where=path, check_plan=check)
         note = state.get("stream")
         if note and note.get("in_flight") and self.accelerator.is_main_process:

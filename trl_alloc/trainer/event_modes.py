@@ -29,13 +29,13 @@ in flight are named in it and dropped if the run resumes from there (spent, neve
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..rollout.colocate import RankedRollouts, LocalRankRollouts, VLLMColocateRollouts
 from ..rollout.backends import BatchedRollouts, VLLMServerRollouts
 from ..rollout.drivers import RoundDriver, StreamDriver, drive_round
-from ..rollout.loop import StreamRounds
+from ..rollout.loop import ClosedRound, Rounds
 from .round_state import CollectedRound
 from .trl_compat import (colocate_llm, sleep_colocate_engine, sync_vllm_weights, tokenize_prompts, vllm_server_url,
                          wake_colocate_engine)
@@ -47,7 +47,7 @@ def _plain(rollouts: list[Any]) -> list[dict[str, Any]]:
 
 
 class EventRoundMixin:
-    """`_run_event_round`: one round in events mode (module docstring)."""
+    """`_event_round`: one round in events mode (module docstring)."""
 
     def _rollout_mode_notice(self) -> None:
         args = self.args
@@ -122,17 +122,14 @@ class EventRoundMixin:
             row["rid"] = r["rid"]
         return new
 
-    def _run_event_round(self) -> CollectedRound:
-        """One events round on every rank: its rows (all trained), the allocator's summary, the prompts admitted and
-        its log (seconds waited on the rollout backend; on the main process also the order of events, for the round
-        log, not broadcast)."""
-        def drive() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-            if self.use_vllm:
-                sync_vllm_weights(self)
-            with self._colocate_awake():
-                return self._event_round()
-        admitted, (rows, log), summary = self.allocator.one_round(drive, True, self.on_main.allocate)
-        return CollectedRound(rows=rows, trained=rows, summary=summary, admitted=admitted, log=log)
+    def _event_round(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The open events round driven to its end on every rank (the round runner's `drive`): the weights pushed,
+        the engine awake; its rows (all trained) and its log (seconds waited on the rollout backend; on the main
+        process also the order of events, for the round log, not broadcast)."""
+        if self.use_vllm:
+            sync_vllm_weights(self)
+        with self._colocate_awake():
+            return self._poll_event_round()
 
     @contextlib.contextmanager
     def _colocate_awake(self) -> Iterator[None]:
@@ -170,7 +167,7 @@ class EventRoundMixin:
                 self.colocate_rank_rollouts = getattr(self, "colocate_rank_rollouts", 0) + host.started
             self.on_main.ranks = None
 
-    def _event_round(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def _poll_event_round(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         driver, prompt_ids_of = None, self._prompt_ids_of
         main = self.accelerator.is_main_process
         rollouts = self._rollout_backend() if main or self.colocate_ranks else None
@@ -193,12 +190,10 @@ class EventRoundMixin:
 
 
 class StreamRoundMixin:
-    """`_run_stream_round`: one round of `rollout_mode="stream"` (module docstring); state on every rank."""
+    """`_stream_runner`: the rounds of `rollout_mode="stream"` (module docstring); state on every rank."""
 
     _stream = None          # the StreamDriver (main process)
-    _stream_rounds = None   # its `rollout.loop.StreamRounds`: the order of open, close and push (main process)
     _stream_state = None    # the allocator's state at the last close: what a checkpoint holds
-    _stream_step = 0        # the global step of the last version bump
 
     def _stream_driver(self) -> StreamDriver | None:
         main = self.accelerator.is_main_process
@@ -210,20 +205,25 @@ class StreamRoundMixin:
                                             self.args.vllm_server_timeout if self.use_vllm else None,
                                             max_staleness=self.args.max_staleness, **self._in_stream_pruning(),
                                             on_observe=self.pruner and self.pruner.record)
-                self._stream_rounds = StreamRounds(self.allocator, self._stream, self._stream_rounds_left(),
-                                                   self.colocate)
         return self._stream
 
-    def _stream_push(self) -> None:
-        """After an optimizer step: the new weights to the engine (paused with `mode=keep`), one version on; on a
-        colocate engine the next round then opens (`StreamRounds.after_train`)."""
-        if self.state.global_step == self._stream_step:
-            return
-        self._stream_step = self.state.global_step
-        last = getattr(self, "round_state", None)
-        if last is not None and last.empty:  # an empty round's step (learning rate 0) changed no weight: the policy
-            self.on_main.allocate(lambda: self._stream_rounds.after_train(False))  # no new version
-            return
+    def _stream_runner(self, rounds: int, record: Callable[[ClosedRound], Any]) -> Rounds:
+        """This session's `rounds` stream rounds (`rollout.loop.Rounds.stream`) over one `StreamDriver`: each round
+        polled on every rank, closed, recorded by `record`; the weights pushed after each round that trained, and
+        first if the run resumed (the engine then holds other weights than the checkpoint's)."""
+        driver = self._stream_driver()
+        self._stream_rows: dict[int, dict[str, Any]] = {}  # every rank: the scored rows of open groups, by rollout
+
+        def poll() -> list[dict[str, Any]]:
+            rows = self._poll_round(driver)
+            self._stream_rows.update({row["rid"]: row for row in rows if not row.get("aborted")})
+            return rows
+        return Rounds.stream(self.allocator, driver, rounds, self.colocate, push=self._push_weights, drive=poll,
+                             step=self.on_main.allocate, record=record, push_first=self.state.global_step > 0)
+
+    def _push_weights(self, bump: Callable[[], None]) -> None:
+        """After an optimizer step, every rank: the new weights to the engine (a server paused with `mode=keep`), then
+        `bump()`: one policy version on, while still paused (`rollout.loop.StreamRounds.after_train`)."""
         main = self.accelerator.is_main_process
         server = self.use_vllm and not self.colocate  # (a colocate engine only steps when polled: nothing to pause)
         with self.vllm_generation.vllm_client.paused() if server and main else contextlib.nullcontext():
@@ -233,21 +233,12 @@ class StreamRoundMixin:
                 self._stream.rollouts.load_head(self.pruner.head)
             # still paused: each rollout in flight has exactly the tokens the old weights generated (the push took
             # longer than the last of them took to arrive); its later tokens are the new version's
-            self.on_main.allocate(lambda: self._stream_rounds.after_train(True))
+            bump()
 
-    def _stream_rounds_left(self) -> int:
-        return self.planned_rounds - self.allocator.counters["rounds"]
-
-    def _run_stream_round(self) -> CollectedRound:
-        """One stream round on every rank: the rows that ended in it, the rows to train (with their staleness), the
-        allocator's summary, the prompts admitted, the log, and `after(entry)` for once the round is recorded."""
-        driver = self._stream_driver()
-        self._stream_push()
-        admitted = self.on_main.allocate(lambda: self._stream_rounds.begin())  # (open unless opened at the last close)
-        held_rows = self.__dict__.setdefault("_stream_rows", {})
-        rows = self._poll_round(driver)
-        held_rows.update({row["rid"]: row for row in rows if not row.get("aborted")})
-        summary = self.on_main.allocate(lambda: self._stream_rounds.close())
+    def _collect_stream_round(self, rnd: ClosedRound) -> CollectedRound:
+        """A closed stream round on every rank: the rows that ended in it, the rows to train (with their staleness),
+        the allocator's summary, the prompts admitted and the log."""
+        driver, rows, summary, held_rows = self._stream, rnd.result, rnd.summary, self._stream_rows
         events = []
 
         def close() -> tuple[list[tuple[int, int]], list[int], dict[str, Any]]:
@@ -265,14 +256,13 @@ class StreamRoundMixin:
             log = {**log, "events": events}
         trained_rows = [dict(held_rows[rid], staleness=s) for rid, s in trained]
         self._stream_rows = {rid: held_rows[rid] for rid in held}
-        return CollectedRound(rows=rows, trained=trained_rows, summary=summary, admitted=admitted,
+        return CollectedRound(rows=rows, trained=trained_rows, summary=summary, admitted=rnd.admitted,
                               log=log, responses=summary["stats"]["responses"],
-                              log_fields={"token_staleness": log["token_staleness"]},
-                              after=lambda entry: self._after_stream_round(summary, entry, log))
+                              log_fields={"token_staleness": log["token_staleness"]})
 
     def _after_stream_round(self, summary: dict[str, Any], entry: dict[str, Any], log: dict[str, Any]) -> None:
-        """The round's stream figures (`entry`), the close's state for checkpoints, then (on a server) the next round
-        opens at once, its rollouts running while this one trains; or the stream ends with the budget."""
+        """The round's stream figures (`entry`) and the close's state for checkpoints; after the last round, the
+        stream ends (what still runs is aborted)."""
         staleness = [r["staleness"] for r in self.round_state.loss_rows]
         entry.update(carried=log["carried"], stale_aborted=log["stale_aborted"], in_flight=log["in_flight"],
                      staleness_max=max(staleness, default=0),
@@ -282,8 +272,6 @@ class StreamRoundMixin:
         self._stream_state = self.allocator.snapshot() if self.accelerator.is_main_process else None
         if not self.more_rounds:
             self._end_stream()
-        else:
-            self.on_main.allocate(lambda: self._stream_rounds.after_close())
 
     def _end_stream(self) -> None:
         if self._stream is not None or self.on_main.ranks is not None:  # spent by the rounds that started them
@@ -294,7 +282,7 @@ class StreamRoundMixin:
             elif self._stream is not None:
                 end()
             self._close_rollouts(self._stream and self._stream.rollouts)
-            self._stream = self._stream_rounds = None
+            self._stream = None
         self._stream_rows = {}
 
     def stream_note(self) -> dict[str, Any] | None:

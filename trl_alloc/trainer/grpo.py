@@ -33,6 +33,7 @@ import contextlib
 import copy
 import math
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,6 +44,7 @@ from trl import GRPOTrainer
 from ..allocation.allocator import Allocator, round_log_file
 from ..allocation.factory import resolve_num_rounds
 from ..reporting.hub import HubMixin
+from ..rollout.loop import ClosedRound, Rounds
 from ..rollout.pruning import build_pruner
 from ..tasks.data import check_prompt_lengths, load_prompt_counts
 from .checkpointing import CheckpointMixin
@@ -204,6 +206,8 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         if self.accelerator.is_main_process:  # the round log is written by the main process only
             self.allocator.round_log_path = self.round_log_path
         self._rounds_this_session = 0
+        self._rounds: Iterator[ClosedRound] | None = None  # this session's rounds (`round_runner`), pulled by TRL
+        self._round_t0 = 0.0
         self._saved_lrs = None
         self.round_state = RoundState()  # what the last round left for the loss and the logs (round_state.py)
         self.add_callback(_AllocationCallback(self))
@@ -284,36 +288,68 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
                           "Leave `vllm_dtype` unset: the engine then takes the trainer's dtype")
 
     def _run_round(self) -> list[dict[str, Any]]:
-        """Run one scheduler round (module docstring) and return `steps_per_generation` local micro-batches."""
-        t_round = time.perf_counter()
+        """The run's next round, recorded (`_record_round`): this rank's `steps_per_generation` micro-batches. TRL
+        pulls one round per generation batch from this session's round runner (`round_runner`), every rank."""
+        self._round_t0 = time.perf_counter()
         for hook in self.round_start_hooks:
             hook()
         self.on_main.take_seconds()  # (what ran between rounds is not this round's)
-        rounds = {"deterministic": self._deterministic_round, "events": self._run_event_round,
-                  "stream": self._run_stream_round}
-        r = rounds[self.args.rollout_mode]()
+        if self._rounds is None:
+            self._rounds = iter(self.round_runner())
+        rnd = next(self._rounds, None)
+        if rnd is None:
+            raise RuntimeError(f"The trainer asked for a round after the last one (round "
+                               f"{self.allocator.counters['rounds']} of {self.planned_rounds}, budget spent: "
+                               f"{self.allocator.budget_exhausted}); max_steps={self.args.max_steps} takes more "
+                               "optimizer steps than the rounds planned. Leave max_steps unset (-1).")
+        return rnd.recorded
+
+    def round_runner(self) -> Rounds:
+        """This session's rounds in the run's rollout mode (`rollout.loop.Rounds`, the one round runner): each opened,
+        driven, closed and recorded (`_record_round`); a stream's next round opened and its weights pushed in the
+        runner's order. Every rank iterates it; each allocator call is made on the main process (`on_main`)."""
+        left = self.planned_rounds - self.allocator.counters["rounds"]
+        step, record, mode = self.on_main.allocate, self._record_round, self.args.rollout_mode
+        if mode == "stream":
+            return self._stream_runner(left, record)
+        if mode == "events":
+            return Rounds.driven(self.allocator, left, lambda i: self._event_round(), True, step, record)
+        generate = self._generate_and_score_request  # deterministic: each filler request one batched generation
+        return Rounds.driven(self.allocator, left, lambda i: self.allocator.drive_requests(generate, step), False,
+                             step, record)
+
+    def _record_round(self, rnd: ClosedRound) -> list[dict[str, Any]]:
+        """A closed round (every rank): its loss batches built, the round recorded (`Allocator.record_round`: the
+        round log) and logged; returns this rank's micro-batches."""
+        r = self._collected(rnd)
         batches = self._build_loss_batches(r.trained, r.summary["groups"])
         state = self.round_state
+        rnd.trained = state.loss_rows  # (a stream pushes new weights only after a round that trained)
         entry = self.allocator.record_round(
             r.summary, r.rows, r.admitted, r.requests, len(state.loss_rows), self.on_main.take_seconds(),
-            time.perf_counter() - t_round, events=None if r.log is None else r.log.get("events"),
+            time.perf_counter() - self._round_t0, events=None if r.log is None else r.log.get("events"),
             responses=r.responses, log_fields=r.log_fields)
         entry["flat_groups"] = state.flat_groups  # mixed by success, but a constant training reward
         entry.update(self._round_record(r.rows))
         if r.log is not None:
             entry["engine_wait_s"] = round(r.log["waited_s"], 6)
-        if r.after is not None:  # stream: its figures, then the next round opens (before this one trains)
-            r.after(entry)
+        if self.args.rollout_mode == "stream":  # its figures, and the state a checkpoint holds
+            self._after_stream_round(r.summary, entry, r.log)
         self._rounds_this_session += 1
         self._log_round(r.rows, r.summary, entry)
         return batches
 
-    def _deterministic_round(self) -> CollectedRound:
-        """`rollout_mode="deterministic"`: the filler's generation requests, one batched call each (TRL's
-        generation step across the ranks), observed one by one."""
-        r = self.allocator.run_round(self._generate_and_score_request, self.on_main.allocate)
-        return CollectedRound(rows=r.rows, trained=r.rows, summary=r.summary, admitted=r.admitted,
-                              requests=r.requests)
+    def _collected(self, rnd: ClosedRound) -> CollectedRound:
+        """A closed round's rows, what to train and its log, as its rollout mode collected them."""
+        mode = self.args.rollout_mode
+        if mode == "stream":
+            return self._collect_stream_round(rnd)
+        if mode == "events":
+            rows, log = rnd.result
+            return CollectedRound(rows=rows, trained=rows, summary=rnd.summary, admitted=rnd.admitted, log=log)
+        rows, requests = rnd.result
+        return CollectedRound(rows=rows, trained=rows, summary=rnd.summary, admitted=rnd.admitted,
+                              requests=requests)
 
     # ------------------------------------------------------------------ empty rounds
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:

@@ -4,7 +4,6 @@ batch, and `grpo` and `metrics` read (tests inspect it as `trainer.round_state`)
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,4 +35,3 @@ class CollectedRound:
     log: dict[str, Any] | None = None  # events and stream: seconds waited; the main process's also `events`
     responses: int | None = None    # responses the round spent, where not len(rows) (a stream)
     log_fields: dict[str, Any] | None = None  # extra round-log fields (a stream: its token staleness)
-    after: Callable[[dict[str, Any]], None] | None = None  # once recorded, with the round-log entry (a stream)
