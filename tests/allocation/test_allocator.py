@@ -13,6 +13,7 @@ from trl_alloc.allocation.allocator import (PLAN_FIELDS, STATE_VERSION, Allocato
                                          migrate_state, read_round_log)
 from trl_alloc.allocation.pipeline import round_arguments
 from trl_alloc.allocation.registry import register
+from trl_alloc.allocation.rounds import Rounds
 
 K, N, ROUNDS, UNIT = 4, 24, 5, 2
 
@@ -31,14 +32,18 @@ def make_allocator(round_log_path=None, **kw):
     return Allocator(pacer, filler, join, plan(**kw), round_log_path=round_log_path)
 
 
-def run_round(e, p_success, rng):
-    """One round as the trainer drives it (`Allocator.run_round`); rows carry only what the allocator reads."""
+def rounds(e, p_success, rng, n):
+    """`n` rounds of `e` through the round runner (`allocation.rounds.Rounds`), each recorded as the trainer records
+    it (the round's `recorded`: the round-log entry); rows carry only what the allocator reads."""
     def generate(ids, counts):
         return [{"pid": pid, "success": float(rng.random() < p_success[pid]), "pruned": False,
                  "completion_ids": [1] * (1 + pid % 3)} for pid, n in zip(ids, counts) for _ in range(n)]
-    r = e.run_round(generate)
-    return e.record_round(r.summary, r.rows, r.admitted, r.requests, loss_responses=len(r.summary["groups"]) * K,
-                          allocator_s=0.0, round_s=1.0), r.rows
+
+    def record(rnd):
+        rows, requests = rnd.result
+        return e.record_round(rnd.summary, rows, rnd.admitted, requests,
+                              loss_responses=len(rnd.summary["groups"]) * K, allocator_s=0.0, round_s=1.0)
+    return Rounds.driven(e, n, lambda i: e.drive_requests(generate), record=record)
 
 
 def test_allocator_accounts_exactly_and_never_overspends(tmp_path):
@@ -48,8 +53,8 @@ def test_allocator_accounts_exactly_and_never_overspends(tmp_path):
     e = make_allocator(round_log_path=str(path))
     spent = tokens = 0
     requests = []
-    for _ in range(ROUNDS):
-        entry, rows = run_round(e, p, rng)
+    for rnd in rounds(e, p, rng, ROUNDS):
+        entry, (rows, _) = rnd.recorded, rnd.result
         spent += len(rows)
         tokens += sum(len(r["completion_ids"]) for r in rows)
         assert entry["responses"] == len(rows) and (entry["generation_calls"] >= 1) == bool(rows)  # CERO may skip
@@ -71,24 +76,21 @@ def test_allocator_state_round_trips_and_resumes_identically(tmp_path):
     p = np.random.default_rng(2).uniform(0, 1, N)
     full_log, first_log, other_log = (str(tmp_path / name / "rounds.jsonl") for name in ("full", "first", "other"))
     full, first = make_allocator(round_log_path=full_log), make_allocator(round_log_path=first_log)
-    for _ in range(2):
-        run_round(full, p, rng_a)
-        run_round(first, p, rng_b)
+    full_rounds = iter(rounds(full, p, rng_a, ROUNDS))
+    for _ in zip(range(2), full_rounds, rounds(first, p, rng_b, ROUNDS)):
+        pass
     state = json.loads(json.dumps(first.state_dict(), default=json_default))
     assert state["version"] == STATE_VERSION and all(state[k] == plan()[k] for k in PLAN_FIELDS)
-    run_round(first, p, np.random.default_rng(9))  # past the checkpoint, then the run dies: its line is dropped
+    list(rounds(first, p, np.random.default_rng(9), 1))  # past the checkpoint, then the run dies: its line is dropped
     assert len(read_round_log(first_log)) == 3
     # the same output_dir, and a new one
     resumed, elsewhere = make_allocator(round_log_path=first_log), make_allocator(round_log_path=other_log)
     resumed.load_state_dict(state)
     elsewhere.load_state_dict(state)
     rng_c, twin = np.random.default_rng(1), make_allocator()
-    for _ in range(2):  # rng_c where rng_b was at the checkpoint
-        run_round(twin, p, rng_c)
-    for _ in range(ROUNDS - 2):
-        run_round(full, p, rng_a)
-        run_round(resumed, p, rng_b)
-        run_round(elsewhere, p, rng_c)
+    list(rounds(twin, p, rng_c, 2))  # rng_c where rng_b was at the checkpoint
+    for _ in zip(full_rounds, rounds(resumed, p, rng_b, ROUNDS - 2), rounds(elsewhere, p, rng_c, ROUNDS - 2)):
+        pass
     assert read_round_log(first_log) == read_round_log(full_log)  # no round twice, none lost
     assert read_round_log(other_log) == read_round_log(full_log)[2:] and resumed.history == full.history
     assert resumed.counters == full.counters and resumed.exposure.tolist() == full.exposure.tolist()
@@ -172,14 +174,17 @@ def test_one_stop_rule_for_every_rank_and_the_planner():
     def generate(ids, counts):
         return [{"pid": pid, "success": float(rng.random() < p[pid]), "completion_ids": [1]}
                 for pid, n in zip(ids, counts) for _ in range(n)]
+    def requests(e):
+        return lambda i: e.drive_requests(generate)
     closed = 0
-    for r in main.synchronous_rounds(generate, rounds=10 * ROUNDS):
+    for r in Rounds.driven(main, 10 * ROUNDS, requests(main)):  # the round runner (allocation/rounds.py)
         closed += 1
+        rows, asked = r.result
         for e in (main, follower):
-            e.record_round(r.summary, r.rows, r.admitted, r.requests, 0, 0.0, 1.0)
+            e.record_round(r.summary, rows, r.admitted, asked, 0, 0.0, 1.0)
         assert follower.more_rounds(closed, 10 * ROUNDS) == main.more_rounds(closed, 10 * ROUNDS)
     assert main.pacer.finished and not follower.pacer.finished and closed <= ROUNDS  # the budget, not 10 x ROUNDS
     assert main.counters["responses"] + main.pacer.remaining_responses == 80
     fresh = make_allocator()
-    assert len(list(fresh.synchronous_rounds(generate, rounds=2))) == 2 and fresh.more_rounds(2, 3)
+    assert len(list(Rounds.driven(fresh, 2, requests(fresh)))) == 2 and fresh.more_rounds(2, 3)
     assert not fresh.more_rounds(2, 2) and not fresh.more_rounds(2, 3, fresh.pacer.remaining_responses + 1)

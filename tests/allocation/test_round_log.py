@@ -9,8 +9,8 @@ import numpy as np
 from trl_alloc.allocation import make_filler, make_pacer
 from trl_alloc.allocation.allocator import Allocator, json_default, read_round_log, round_log_file
 from trl_alloc.allocation.pipeline import round_arguments
+from trl_alloc.rollout.drivers import backend_rounds
 from trl_alloc.rollout.engine_model import SimulatedRollouts
-from trl_alloc.rollout.loop import Rounds
 
 N, K = 24, 4
 
@@ -27,12 +27,12 @@ def make_allocator(rounds, budget_units, round_log_path=None):
 
 
 def event_round(e, p, rng, window=6):
-    """One event round through the round runner (`rollout.loop.Rounds`: a `RoundDriver` over the engine model's
-    simulated engine, so rollouts end and are aborted in a random order), recorded as the trainer records it;
+    """One event round through the round runner (`rollout.drivers.backend_rounds`: a `RoundDriver` over the engine
+    model's simulated engine, so rollouts end and are aborted in a random order), recorded as the trainer records it;
     returns (rows, events, the summary the trainer broadcasts)."""
     engine = SimulatedRollouts(lambda pid, r: (r.lognormal(np.log(8), 0.7), r.random() < p[pid]),
                                max_num_seqs=window, seed=int(rng.integers(2 ** 31)))
-    rnd = next(iter(Rounds.synchronous(e, True, lambda i: engine, lambda pid: [], lambda r: r.info["success"], 64,
+    rnd = next(iter(backend_rounds(e, True, lambda i: engine, lambda pid: [], lambda r: r.info["success"], 64,
                                        rounds=1, max_inflight=window)))
     rows = [{"pid": r.tag, "completion_ids": r.token_ids, "aborted": r.finish_reason == "abort",
              "success": float("nan") if r.finish_reason == "abort" else float(r.info["success"])}

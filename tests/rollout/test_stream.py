@@ -14,7 +14,7 @@ from trl_alloc.allocation.allocator import Allocator
 from trl_alloc.allocation.pipeline import round_arguments
 from trl_alloc.rollout.engine_model import SimulatedRollouts, simulate_engine
 from trl_alloc.rollout.drivers import StreamDriver
-from trl_alloc.rollout.loop import Rounds
+from trl_alloc.allocation.rounds import Rounds
 
 FILLERS = {"full": {}, "sara": {"tau_low": 0.45}, "dynamic_sampling": {"max_generation_batches": 6}}
 
@@ -37,7 +37,7 @@ class CheckpointedCarry(Allocator):
 
 def run_stream(pacing, filling, rounds=8, max_staleness=1, window=48, train_s=3.0, seed=0, prompts=300,
                engine_cls=SimulatedRollouts):
-    """`rounds` stream rounds through the round runner (`rollout.loop.Rounds.stream`, a server's order: the next
+    """`rounds` stream rounds through the round runner (`allocation.rounds.Rounds.stream`, a server's order: the next
     round opens before the training step); returns the driver, the per-round log and the checks' raw material."""
     k = 8
     if pacing == "cero":
@@ -243,7 +243,7 @@ def held_by(driver):
 
 
 def test_a_stream_holds_no_history():
-    """2,000 stream rounds (through the round runner, `rollout.loop.Rounds`) with carried groups and in-stream
+    """2,000 stream rounds (through the round runner, `allocation.rounds.Rounds`) with carried groups and in-stream
     pruning at a detection point: what the driver holds stays what one round and the rollouts in flight need (it
     used to keep every ended rollout, every pruned id and every detection cohort: 3.7x more after 40 rounds than
     after 10), while the run's totals stay exact."""
@@ -273,7 +273,7 @@ def test_stream_rounds_open_each_round_once(colocate):
     """`StreamRounds.begin` opens a round only when none is open: a server's next round opens at the close (before
     the training step), a colocate engine's after the push; begin then hands back that round and what it admitted,
     and a round that trained nothing pushes no version."""
-    from trl_alloc.rollout.loop import StreamRounds
+    from trl_alloc.allocation.rounds import StreamRounds
 
     pacer = make_pacer("uniform", 40, prompts_per_round=4, group_size=4, budget_responses=10 ** 5, seed=0)
     filler = make_filler("full", group_size=4)

@@ -8,8 +8,8 @@ main process only, and its result is shared with every rank):
     while (req := allocator.next_request()):        # (prompt ids, responses per prompt)
         rows = generate and score req            # the trainer's part
         allocator.observe(rows, req)                # filler decides; pruner learns
-    # (these lines are `Allocator.run_round`, which the trainer and `allocation.simulate` both call; it returns a
-    # `SynchronousRound`)
+    # (the loop is `Allocator.drive_requests`, which the trainer's deterministic rounds and `allocation.simulate`
+    # both run through the round runner, `allocation.rounds.Rounds`; `Allocator.run_round` runs one such round)
     # or, event-driven (start_round(events=True); rollout.drivers.RoundDriver runs this part):
     #   allocator.submissions(room) -> [(pid, n)] to start; allocator.observe_rollouts(rows) -> prompts to abort
     summary = allocator.finish_round()              # pacer.update(successes, failures)
@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -211,8 +211,8 @@ class Allocator:
         """One round, in the one copy that opens and closes a whole round: opened (`start_round`), driven by
         `drive()`, closed (`finish_round`). Returns the prompts admitted, what `drive` returned and the round's
         summary. Each allocator call goes through `step(method, *args)` (the trainer's: on its main process, the
-        result shared with every rank). `run_round`, `rollout.loop.Rounds` and the trainer's events round run it; a
-        stream's rounds open and close apart (`rollout.loop.StreamRounds`)."""
+        result shared with every rank). The round runner (`allocation.rounds.Rounds.driven`) and `run_round` run it;
+        a stream's rounds open and close apart (`allocation.rounds.StreamRounds`)."""
         admitted = step(self.start_round, events)
         driven = drive()
         summary = step(self.finish_round)
@@ -234,25 +234,17 @@ class Allocator:
     def run_round(self, generate: Callable[[list[int], list[int]], list[dict]],
                   step: Callable[..., Any] = call_in_place) -> SynchronousRound:
         """One synchronous round, the loop of the module docstring: opened, `drive_requests`, closed. (The trainer's
-        deterministic mode runs the same through `rollout.loop.Rounds.driven`.)"""
+        deterministic mode and `allocation.simulate` run the same through `allocation.rounds.Rounds.driven`.)"""
         admitted, (rows, requests), summary = self.one_round(lambda: self.drive_requests(generate, step), False, step)
         return SynchronousRound(admitted, rows, requests, summary)
 
     def more_rounds(self, closed: int, rounds: int, min_responses: int = 1) -> bool:
         """The stop rule, in one copy: another round follows `closed` closed rounds while fewer than `rounds` are
         closed and the budget is not spent, at least `min_responses` responses of it left (the planner: one group).
-        The trainer, `rollout.loop` and `allocation.simulate` all stop by it. (`budget_exhausted` is the last
+        The round runner (`allocation.rounds`) stops every run by it. (`budget_exhausted` is the last
         recorded round's, the same on every rank; the pacer is advanced on the main process only.)"""
         finished = self.budget_exhausted or self.pacer.finished
         return closed < rounds and not finished and self.pacer.remaining_responses >= min_responses
-
-    def synchronous_rounds(self, generate: Callable[[list[int], list[int]], list[dict]], rounds: int,
-                           step: Callable[..., Any] = call_in_place, closed: int = 0,
-                           min_responses: int = 1) -> Iterator[SynchronousRound]:
-        """`run_round` while `more_rounds` (counting from `closed`): each round's result, as it closes."""
-        while self.more_rounds(closed, rounds, min_responses):
-            yield self.run_round(generate, step)
-            closed += 1
 
     # ------------------------------------------------------------------ one event-driven round (main process)
     @property

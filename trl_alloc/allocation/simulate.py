@@ -15,6 +15,7 @@ import numpy as np
 
 from .allocator import Allocator
 from .event_rounds import Round
+from .rounds import Rounds
 
 if TYPE_CHECKING:
     from .config import AllocationConfig  # (imported when called: config asks the registry for every method)
@@ -165,7 +166,9 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     # the trainer's deterministic round (trainer/grpo.py); a filler that spends less than planned may run past
     # `rounds` until the budget is spent, up to 4x; a remainder smaller than one group ends the run
     predicted, p = before_round()
-    for _ in allocator.synchronous_rounds(generate, 4 * args.rounds, timed, closed=pool.t, min_responses=k):
+    rounds = Rounds.driven(allocator, 4 * args.rounds - pool.t, lambda i: allocator.drive_requests(generate, timed),
+                           step=timed, min_responses=k)
+    for _ in rounds:
         rnd, ms = allocator.closed_round, clock[0]
         spent = rnd.outcomes(pacer.num_prompts)[2]
         admitted = np.asarray(rnd.groups, np.int64)

@@ -20,9 +20,9 @@ import requests
 from scipy.optimize import nnls
 
 from ..allocation.allocator import Allocator
+from ..allocation.rounds import Rounds
 from ..rollout.backends import VLLMServerRollouts
-from ..rollout.drivers import StreamDriver
-from ..rollout.loop import Rounds
+from ..rollout.drivers import StreamDriver, backend_rounds
 from ..rollout.pruning import RolloutPruner
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ def run_rounds(method: str, config: AllocGRPOConfig, backend: ServerBackend | Co
         return backend.rollouts(config, window, None if pruner is None else pruner.head)
     with backend.monitor(window) as monitor:
         t0 = time.perf_counter()
-        for rnd in Rounds.synchronous(allocator, events, rollouts_for, prompt_ids_of, score,
+        for rnd in backend_rounds(allocator, events, rollouts_for, prompt_ids_of, score,
                                       config.max_completion_length, rounds, close_rollouts=True, max_inflight=window,
                                       timeout=600, detect_at=pruner and pruner.detect_length,
                                       on_detect=pruner and on_detect):
@@ -319,7 +319,7 @@ def predict_rounds(method: str, config: AllocGRPOConfig, result: dict[str, Any],
         for _ in Rounds.stream(allocator, driver, rounds, success=success, push=train, after_round=cycle_ends):
             pass
     else:
-        for rnd in Rounds.synchronous(allocator, mode == "events", lambda _: sim, lambda pid: [], success,
+        for rnd in backend_rounds(allocator, mode == "events", lambda _: sim, lambda pid: [], success,
                                       config.max_completion_length, rounds, max_inflight=window):
             sim.pause_for(train_s)  # the trainer's step: the engine waits
             cycle_ends(rnd)

@@ -32,9 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..allocation.event_rounds import BatchedEventRound
+from ..allocation.rounds import Rounds
+
 if TYPE_CHECKING:
     from ..allocation.allocator import Allocator
-    from ..allocation.event_rounds import BatchedEventRound, EventRound
+    from ..allocation.event_rounds import EventRound
+    from ..allocation.rounds import ClosedRound
     from .backends import Rollout
 
 
@@ -412,4 +416,30 @@ def run_round(allocator: Allocator | EventRound | BatchedEventRound, rollouts: A
     return driver.run(success)
 
 
-__all__ = ["RoundDriver", "StreamDriver", "drive_round", "run_round"]
+def backend_rounds(allocator: Allocator, events: bool, rollouts_for: Callable[[int], Any],
+                   prompt_ids_of: Callable[[int], Sequence[int]], success: Callable[[Rollout], float], max_tokens: int,
+                   rounds: int, close_rollouts: bool = False, record: Callable[[ClosedRound], Any] | None = None,
+                   **driver_kwargs: Any) -> Rounds:
+    """The round runner's synchronous rounds over a rollout backend (`allocation.rounds.Rounds.driven`): round i
+    run by a `RoundDriver` (the round's `driver`) over `rollouts_for(i)` (closed after it with `close_rollouts`),
+    each filler call submitted whole unless `events`; its trained rows the committed groups'. `driver_kwargs`:
+    `RoundDriver`'s."""
+    def drive(i: int) -> RoundDriver:
+        rollouts = rollouts_for(i)
+        try:  # events: each rollout decided as it ends; else each call submitted whole
+            driven = runner.allocator if events else BatchedEventRound(runner.allocator.current_round)
+            return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
+        finally:
+            if close_rollouts:
+                rollouts.close()
+
+    def complete(rnd: ClosedRound) -> None:
+        rnd.driver, kept = rnd.result, set(rnd.summary["groups"])
+        rnd.trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in rnd.driver.pruned,
+                        "aborted": r.finish_reason == "abort", "success": r.info.get("success")}
+                       for r in rnd.driver.ended if r.tag in kept]
+    runner = Rounds.driven(allocator, rounds, drive, events, record=record, complete=complete)
+    return runner
+
+
+__all__ = ["RoundDriver", "StreamDriver", "backend_rounds", "drive_round", "run_round"]

@@ -31,10 +31,10 @@ import numpy as np
 
 from ..allocation.arrol import RandomPruning
 from ..allocation.allocator import Allocator, json_default
+from ..allocation.rounds import Rounds
 from ..allocation.simulate import DriftingPool, plan_allocator
 from .backends import Rollout
-from .drivers import StreamDriver
-from .loop import Rounds
+from .drivers import StreamDriver, backend_rounds
 
 
 class SimulatedRollouts:
@@ -315,7 +315,7 @@ def simulate_engine(method: str, mode: str, args: Any, rounds: int, prune_keep: 
     else:
         def engine_for(index):  # a fresh engine each round (its own seed)
             return (engine_class or SimulatedRollouts)(task.outcome, args.engine_seqs, step, seed=[args.seed, index])
-        rounds_ = Rounds.synchronous(allocator, mode == "events", engine_for, lambda pid: [], success, args.max_tokens,
+        rounds_ = backend_rounds(allocator, mode == "events", engine_for, lambda pid: [], success, args.max_tokens,
                                      rounds, max_inflight=config.rollout_window, **detect)
         for rnd in rounds_:
             driver, engine = rnd.driver, rnd.driver.rollouts

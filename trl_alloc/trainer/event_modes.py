@@ -32,10 +32,10 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..allocation.rounds import ClosedRound, Rounds
 from ..rollout.colocate import RankedRollouts, LocalRankRollouts, VLLMColocateRollouts
 from ..rollout.backends import BatchedRollouts, VLLMServerRollouts
 from ..rollout.drivers import RoundDriver, StreamDriver, drive_round
-from ..rollout.loop import ClosedRound, Rounds
 from .round_state import CollectedRound
 from .trl_compat import (colocate_llm, sleep_colocate_engine, sync_vllm_weights, tokenize_prompts, vllm_server_url,
                          wake_colocate_engine)
@@ -208,9 +208,9 @@ class StreamRoundMixin:
         return self._stream
 
     def _stream_runner(self, rounds: int, record: Callable[[ClosedRound], Any]) -> Rounds:
-        """This session's `rounds` stream rounds (`rollout.loop.Rounds.stream`) over one `StreamDriver`: each round
-        polled on every rank, closed, recorded by `record`; the weights pushed after each round that trained, and
-        first if the run resumed (the engine then holds other weights than the checkpoint's)."""
+        """This session's `rounds` stream rounds (`allocation.rounds.Rounds.stream`) over one `StreamDriver`: each
+        round polled on every rank, closed, recorded by `record`; the weights pushed after each round that trained,
+        and first if the run resumed (the engine then holds other weights than the checkpoint's)."""
         driver = self._stream_driver()
         self._stream_rows: dict[int, dict[str, Any]] = {}  # every rank: the scored rows of open groups, by rollout
 
@@ -223,7 +223,7 @@ class StreamRoundMixin:
 
     def _push_weights(self, bump: Callable[[], None]) -> None:
         """After an optimizer step, every rank: the new weights to the engine (a server paused with `mode=keep`), then
-        `bump()`: one policy version on, while still paused (`rollout.loop.StreamRounds.after_train`)."""
+        `bump()`: one policy version on, while still paused (`allocation.rounds.StreamRounds.after_train`)."""
         main = self.accelerator.is_main_process
         server = self.use_vllm and not self.colocate  # (a colocate engine only steps when polled: nothing to pause)
         with self.vllm_generation.vllm_client.paused() if server and main else contextlib.nullcontext():

@@ -43,8 +43,8 @@ from trl import GRPOTrainer
 
 from ..allocation.allocator import Allocator, round_log_file
 from ..allocation.factory import resolve_num_rounds
+from ..allocation.rounds import ClosedRound, Rounds
 from ..reporting.hub import HubMixin
-from ..rollout.loop import ClosedRound, Rounds
 from ..rollout.pruning import build_pruner
 from ..tasks.data import check_prompt_lengths, load_prompt_counts
 from .checkpointing import CheckpointMixin
@@ -305,9 +305,9 @@ class AllocGRPOTrainer(RequestGenerationMixin, EventRoundMixin, StreamRoundMixin
         return rnd.recorded
 
     def round_runner(self) -> Rounds:
-        """This session's rounds in the run's rollout mode (`rollout.loop.Rounds`, the one round runner): each opened,
-        driven, closed and recorded (`_record_round`); a stream's next round opened and its weights pushed in the
-        runner's order. Every rank iterates it; each allocator call is made on the main process (`on_main`)."""
+        """This session's rounds in the run's rollout mode (`allocation.rounds.Rounds`, the one round runner): each
+        opened, driven, closed and recorded (`_record_round`); a stream's next round opened and its weights pushed in
+        the runner's order. Every rank iterates it; each allocator call is made on the main process (`on_main`)."""
         left = self.planned_rounds - self.allocator.counters["rounds"]
         step, record, mode = self.on_main.allocate, self._record_round, self.args.rollout_mode
         if mode == "stream":

@@ -1,14 +1,16 @@
-"""The round runner: a run's rounds, in one place, for every rollout mode and every caller.
+"""The round runner: a run's rounds, in one place, for every rollout mode and every caller (framework-free).
 
 `Rounds` opens, drives and closes each round, hands it to its `record` hook, decides when the run stops (its
 rounds done, or the budget spent: `Allocator.more_rounds`) and, in a stream, when the next round opens and when
 the weights are pushed. The trainer (trainer/grpo.py; TRL pulls one round per generation batch, so it calls
 `next()` on the same iterator), the engine model (`rollout.engine_model.simulate_engine`, scripts/plan.py), the
-rollout bench (`benchmarks.rollout`) and the tests all iterate it:
+pool simulator (`allocation.simulate`), the rollout bench (`benchmarks.rollout`) and the tests all iterate it:
 
     rounds = Rounds.driven(allocator, num_rounds, drive, events, step, record)        # drive(i) runs round i
-    rounds = Rounds.synchronous(allocator, events, rollouts_for, prompt_ids_of, score, max_tokens, num_rounds)
+    rounds = backend_rounds(allocator, events, rollouts_for, prompt_ids_of, score, max_tokens, num_rounds)
     rounds = Rounds.stream(allocator, stream_driver, num_rounds, colocate, score, push=push, record=record)
+
+(`rollout.drivers.backend_rounds`: `driven` rounds over a rollout backend, a `RoundDriver` each.)
     for rnd in rounds:          # a `ClosedRound`, already recorded: its summary, the filler's round, rows, result
         ...train on rnd.trained...
 
@@ -31,27 +33,24 @@ policy version, so the rollouts in flight grow no older).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..allocation.allocator import call_in_place
-from ..allocation.event_rounds import BatchedEventRound
-from .drivers import RoundDriver, run_round
+from .allocator import call_in_place
 
 if TYPE_CHECKING:
-    from ..allocation.allocator import Allocator
-    from .backends import Rollout
-    from .drivers import StreamDriver
+    from .allocator import Allocator
 
 Step = Callable[..., Any]
+Driver = Any  # a rollout driver (`rollout.drivers.RoundDriver` / `StreamDriver`; duck-typed: this layer is numpy only)
 
 
 class StreamRounds:
     """The order of a stream's rounds over one `StreamDriver` (module docstring); `Rounds.stream` drives it, on the
     main process."""
 
-    def __init__(self, allocator: Allocator, driver: StreamDriver, rounds: int, colocate: bool = False) -> None:
+    def __init__(self, allocator: Allocator, driver: Driver, rounds: int, colocate: bool = False) -> None:
         self.allocator, self.driver, self.rounds, self.colocate = allocator, driver, int(rounds), bool(colocate)
         self.closed = 0  # rounds closed so far in this session (a resumed run counts from its resume)
         self.is_open = False
@@ -103,7 +102,7 @@ class ClosedRound:
     index: int                    # rounds closed before it in this loop
     summary: dict[str, Any]       # `Allocator.finish_round`'s
     closed: Any                   # the filler's closed round
-    driver: RoundDriver | StreamDriver | None
+    driver: Driver | None         # its rollout driver, if any
     trained: list[dict[str, Any]] = field(default_factory=list)  # the rows that reach the loss
     admitted: int = 0             # prompts the pacer admitted when the round opened
     result: Any = None            # what the round's `drive` returned
@@ -116,24 +115,25 @@ class Rounds:
     `resume(allocator)` goes on with another allocator (one a checkpoint's state was loaded into, as a resumed
     run's)."""
 
-    def __init__(self, allocator: Allocator, rounds: int,
-                 record: Callable[[ClosedRound], Any] | None = None) -> None:
-        self.allocator, self.rounds = allocator, int(rounds)
+    def __init__(self, allocator: Allocator, rounds: int, record: Callable[[ClosedRound], Any] | None = None,
+                 min_responses: int = 1) -> None:
+        self.allocator, self.rounds, self.min_responses = allocator, int(rounds), int(min_responses)
         self.record = record or (lambda rnd: None)
         self._iterate: Callable[[], Iterator[ClosedRound]] = lambda: iter(())
 
     @classmethod
     def driven(cls, allocator: Allocator, rounds: int, drive: Callable[[int], Any], events: bool = False,
                step: Step = call_in_place, record: Callable[[ClosedRound], Any] | None = None,
-               complete: Callable[[ClosedRound], None] | None = None) -> Rounds:
+               complete: Callable[[ClosedRound], None] | None = None, min_responses: int = 1) -> Rounds:
         """Synchronous (`events` False: each filler call submitted whole) or event-driven rounds: each opened,
         `drive(i)` run inside it (its result is the round's `result`), closed (`Allocator.one_round`),
-        `complete(rnd)` (fills in its driver and trained rows) and `record(rnd)`, then yielded."""
-        self = cls(allocator, rounds, record)
+        `complete(rnd)` (fills in its driver and trained rows) and `record(rnd)`, then yielded. The run stops with
+        fewer than `min_responses` of the budget left (the planner: one group)."""
+        self = cls(allocator, rounds, record, min_responses)
 
         def iterate() -> Iterator[ClosedRound]:
             i = 0
-            while self.allocator.more_rounds(i, self.rounds):
+            while self.allocator.more_rounds(i, self.rounds, self.min_responses):
                 admitted, result, summary = self.allocator.one_round(lambda: drive(i), events, step)
                 rnd = ClosedRound(i, summary, self.allocator.closed_round, None, [], admitted, result)
                 if complete is not None:
@@ -145,33 +145,8 @@ class Rounds:
         return self
 
     @classmethod
-    def synchronous(cls, allocator: Allocator, events: bool, rollouts_for: Callable[[int], Any],
-                    prompt_ids_of: Callable[[int], Sequence[int]], success: Callable[[Rollout], float],
-                    max_tokens: int, rounds: int, close_rollouts: bool = False,
-                    record: Callable[[ClosedRound], Any] | None = None, **driver_kwargs: Any) -> Rounds:
-        """`driven` rounds over a rollout backend: round i's `RoundDriver` (its `driver`) over `rollouts_for(i)`
-        (closed after it with `close_rollouts`), each filler call submitted whole unless `events`; its trained rows
-        the committed groups'. `driver_kwargs`: `RoundDriver`'s."""
-        def drive(i: int) -> RoundDriver:
-            rollouts = rollouts_for(i)
-            try:  # events: each rollout decided as it ends; else each call submitted whole
-                driven = self.allocator if events else BatchedEventRound(self.allocator.current_round)
-                return run_round(driven, rollouts, prompt_ids_of, success, max_tokens, **driver_kwargs)
-            finally:
-                if close_rollouts:
-                    rollouts.close()
-
-        def complete(rnd: ClosedRound) -> None:
-            rnd.driver, kept = rnd.result, set(rnd.summary["groups"])
-            rnd.trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in rnd.driver.pruned,
-                            "aborted": r.finish_reason == "abort", "success": r.info.get("success")}
-                           for r in rnd.driver.ended if r.tag in kept]
-        self = cls.driven(allocator, rounds, drive, events, record=record, complete=complete)
-        return self
-
-    @classmethod
-    def stream(cls, allocator: Allocator, driver: StreamDriver | None, rounds: int, colocate: bool = False,
-               success: Callable[[Rollout], float] | None = None,
+    def stream(cls, allocator: Allocator, driver: Driver | None, rounds: int, colocate: bool = False,
+               success: Callable[[Any], float] | None = None,
                push: Callable[[Callable[[], None]], None] | None = None,
                after_round: Callable[[ClosedRound], None] | None = None, *, drive: Callable[[], Any] | None = None,
                step: Step = call_in_place, record: Callable[[ClosedRound], Any] | None = None,
