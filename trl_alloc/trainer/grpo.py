@@ -9,7 +9,8 @@ Only the sampling step changes. One scheduler round collects one generation batc
     allocator.finish_round(); allocator.record_round(...)
 
 or, with `rollout_mode="events"`, the rollouts of the round are started within a window and decided on one
-at a time as they end (event_modes.py).
+at a time as they end (event_modes.py). The round runner (`allocation.rounds.Rounds`, built by `round_runner`)
+runs these lines in every mode; `_run_round` pulls one round from it per generation batch.
 
 and only the round's committed groups reach TRL's loss, with advantages normalised inside each group
 by its own size. The allocators see each response's success (`success_reward_funcs` >=
