@@ -93,3 +93,28 @@ def test_pruning_is_built_from_the_config_as_the_other_stages_are():
     assert policy.survival == dict(keep_ratio=0.4, target_ratio=0.5, slope=0.3, p_min=0.2, p_max=0.9)
     assert policy.cold_start_rounds == 3 and not policy.gate.enabled and policy.calibrator.num_bins == 7
     assert config.prunes and not AllocationConfig().prunes
+
+
+def test_a_plan_is_the_same_whatever_its_workers(tmp_path):
+    """plan.py runs its pool and engine-model runs over `--workers` processes; each run is seeded on its own, so the
+    plan (the scheduler's milliseconds aside) is the same with one process or two, random_matched's replay of CERO
+    included."""
+    import json
+
+    from trl_alloc.cli.plan import main
+
+    small = ["--prompts", "300", "--rounds", "20", "--budget", "2400", "--capacity", "40", "--methods",
+             "uniform,cero,random_matched,uniform+sara", "--engine_methods", "uniform,cero+sara", "--engine_prune",
+             "cero+sara", "--engine_rounds", "3", "--engine_seqs", "64", "--length_median", "200", "--max_tokens",
+             "512", "--detect_length", "64"]
+    plans = []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        main(small + ["--workers", str(workers), "--output_dir", str(out)])
+        plan = json.loads((out / "plan.json").read_text())
+        for v in plan["results"].values():  # (the only timed figures)
+            v["summary"].pop("scheduler_ms_per_round")
+            v["per_round"].pop("alloc_ms")
+        plans.append({k: v for k, v in plan.items() if k != "settings"})
+    assert set(plans[0]["results"]) == {"uniform", "cero", "random_matched", "uniform+sara"}
+    assert len(plans[0]["engine"]) == 9 and plans[0] == plans[1]

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -64,8 +66,20 @@ def plot(results: dict[str, tuple[dict[str, Any], dict[str, list]]], args: argpa
     fig.savefig(path, dpi=110)
 
 
-def engine_table(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """The engine-model comparison (module docstring): prints its table, returns its rows."""
+def in_workers(tasks: dict[str, tuple[Callable[..., Any], tuple]], workers: int) -> dict[str, Any]:
+    """Each task's `fn(*args)`, by name, over `workers` processes (1: here, one after another). Every run is seeded on
+    its own, so the results do not depend on `workers`; only the scheduler's milliseconds are timed, and each
+    process runs on a core of its own."""
+    if workers <= 1 or len(tasks) <= 1:
+        return {name: fn(*call) for name, (fn, call) in tasks.items()}
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {name: pool.submit(fn, *call) for name, (fn, call) in tasks.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def engine_runs(args: argparse.Namespace) -> dict[str, tuple[Callable[..., Any], tuple]]:
+    """The engine model's runs of the comparison (module docstring), by row name: `simulate_engine` and its
+    arguments."""
     from trl_alloc.rollout.engine_model import simulate_engine
 
     methods = [m for m in args.engine_methods.split(",") if m]
@@ -82,10 +96,18 @@ def engine_table(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         runs[f"{method} events + pruning"] = (method, "events", args.prune_keep, None)
         for s in staleness[-1:]:
             runs[f"{method} stream + pruning (max_staleness {s})"] = (method, "stream", args.prune_keep, s)
-    rows = {}
-    for name, (method, mode, keep, s) in runs.items():
-        rows[name] = simulate_engine(method, mode, argparse.Namespace(**{**vars(args), "max_staleness": s or 1}),
-                                     args.engine_rounds, keep)
+    return {name: (simulate_engine, (method, mode, argparse.Namespace(**{**vars(args), "max_staleness": s or 1}),
+                                     args.engine_rounds, keep))
+            for name, (method, mode, keep, s) in runs.items()}
+
+
+def engine_table(args: argparse.Namespace, rows: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """The engine-model comparison (module docstring): its rows (`engine_runs`, run here unless given), printed as
+    its table."""
+    if rows is None:
+        rows = in_workers(engine_runs(args), 1)
+    if not rows:
+        return {}
     colocate = getattr(args, "colocate", False)  # (a caller's namespace may predate --colocate)
     gpus = 1 if colocate else args.gpus_per_engine + args.train_gpus
     overcommit, window = plan_config("uniform+sara", args).sara_overcommit, plan_config("uniform", args).rollout_window
@@ -252,6 +274,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine_staleness", default="1,2",
                         help="max_staleness values of the stream rows ('' skips them)")
     parser.add_argument("--output_dir", default="outputs/plan")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="processes the runs share (default: one per core; the figures do not depend on it)")
     add_allocation_flags(parser)
     return parser
 
@@ -292,24 +316,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     if args.colocate:
         args.train_gpus = args.gpus_per_engine = 1
     os.makedirs(args.output_dir, exist_ok=True)
-    results, reference = {}, None
     methods = [m for m in args.methods.split(",") if m]
     replays = {m: getattr(method_class("pacing", m.partition("+")[0]), "replays", None) for m in methods}
     for source in {r for r in replays.values() if r and r not in methods}:
         methods.insert(0, source)  # random_matched replays a CERO run's allocation log
-    results = dict.fromkeys(methods)  # printed in the order given; replaying methods run after their source
-    for method in sorted(methods, key=lambda m: bool(replays.get(m))):
-        summary, rec, log = simulate(method, args, reference)
-        if method in replays.values():
-            reference = log
-        results[method] = (summary, rec)
+    # every run at once over --workers processes, the engine model's too; a replaying method after its source
+    tasks = {("pool", m): (simulate, (m, args)) for m in methods if not replays.get(m)}
+    tasks.update({("engine", name): task for name, task in engine_runs(args).items()})
+    done = in_workers(tasks, args.workers)
+    for method in [m for m in methods if replays.get(m)]:
+        done[("pool", method)] = simulate(method, args, done[("pool", replays[method])][2])
+    results = {m: done[("pool", m)][:2] for m in methods}  # printed in the order given
     cols = ["rounds", "responses_spent", "budget_left", "effective_groups", "egr", "responses_per_effective_group",
             "max_abs_pacing_gap", "scheduler_ms_per_round"]
     print(f"{'method':<26}" + "".join(f"{c[:14]:>15}" for c in cols) + "  selection lift (bins of q)")
     for name, (s, _) in results.items():
         vals = "".join(f"{s[c]:>15.3f}" if isinstance(s[c], float) else f"{s[c]:>15}" for c in cols)
         print(f"{name:<26}{vals}  {s['selection_lift_by_predicted_success']}")
-    engine = engine_table(args)
+    engine = engine_table(args, {name: row for (kind, name), row in done.items() if kind == "engine"})
     with open(os.path.join(args.output_dir, "plan.json"), "w") as f:
         json.dump({"settings": vars(args), "configs": {m: plan_config(m, args).allocation_settings() for m in
                                                        dict.fromkeys(methods + args.engine_methods.split(",")) if m},
