@@ -6,9 +6,11 @@ docs/benchmarks.md#planning-at-paper-scale-scriptsplanpy-no-model). numpy only.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -91,6 +93,17 @@ def predicted_success_bins(predicted: np.ndarray, admitted: np.ndarray, bins: in
     pool = np.histogram(predicted, edges)[0] / max(predicted.size, 1)
     chosen = np.histogram(predicted[admitted], edges)[0] / max(len(admitted), 1)
     return np.divide(chosen, pool, out=np.full(bins, np.nan), where=pool > 0)
+
+
+def in_workers(tasks: dict[str, tuple[Callable[..., Any], tuple]], workers: int) -> dict[str, Any]:
+    """Each task's `fn(*args)`, by name, over `workers` processes (1: here, one after another). Every run is seeded on
+    its own, so the results do not depend on `workers`; only the scheduler's milliseconds are timed, and each
+    process runs on a core of its own."""
+    if workers <= 1 or len(tasks) <= 1:
+        return {name: fn(*call) for name, (fn, call) in tasks.items()}
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {name: pool.submit(fn, *call) for name, (fn, call) in tasks.items()}
+        return {name: future.result() for name, future in futures.items()}
 
 
 PLAN_SHAPE = {"unit_size": "unit_size", "units_per_group": "max_units", "capacity": "round_capacity"}  # plan: config
@@ -197,5 +210,5 @@ def simulate(method: str, args: Any, reference: list | None = None, pool: Drifti
     return summary, rec, getattr(pacer, "allocation_log", None)
 
 
-__all__ = ["DriftingPool", "PLAN_SHAPE", "fit_drift", "predicted_success_bins", "plan_config", "plan_settings_for",
-           "plan_allocator", "simulate"]
+__all__ = ["DriftingPool", "PLAN_SHAPE", "fit_drift", "in_workers", "predicted_success_bins", "plan_config",
+           "plan_settings_for", "plan_allocator", "simulate"]

@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..allocation.simulate import DriftingPool, fit_drift, simulate
+from ..allocation.simulate import DriftingPool, fit_drift, in_workers, simulate
 from .probe import pool_rates
 
 
@@ -58,9 +59,19 @@ def _spread(values: list[float]) -> dict[str, float]:
             "min": min(values), "max": max(values)}
 
 
+def _on_pool(run: Callable[..., Any], run_args: tuple, rates: np.ndarray, rounds: int, drift: float, k: int,
+             seed: int) -> Any:
+    """`run(*run_args, pool=...)` (`simulate`, `simulate_engine`) on seed `seed`'s pool of the probe's `rates`."""
+    pool = DriftingPool.from_rates(rates, rounds, drift=drift, group_size=k, seed=seed)
+    with warnings.catch_warnings():  # (a short run's selection lift has empty bins)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return run(*run_args, pool=pool)
+
+
 def plan_on_pool(args: argparse.Namespace, probe: dict[str, Any], seeds: int) -> dict[str, Any]:
     """Every method of `args.methods` through `allocation.simulate`, and of `args.engine_methods` on the engine
-    model as the user could run it (sync, events, stream), on the probe's pool, seeds 0..`seeds`-1."""
+    model as the user could run it (sync, events, stream), on the probe's pool, seeds 0..`seeds`-1; the runs over
+    `args.workers` processes (`allocation.simulate.in_workers`: the figures do not depend on them)."""
     from ..rollout.engine_model import simulate_engine
 
     rates = np.nan_to_num(pool_rates(probe["successes"], probe["failures"]), nan=0.0)
@@ -68,39 +79,38 @@ def plan_on_pool(args: argparse.Namespace, probe: dict[str, Any], seeds: int) ->
     fitted = drift_from_run(args.drift_from, rates, args.rounds) if args.drift_from else None
     drift = fitted["drift"] if fitted else 0.0
 
-    def pool(seed: int) -> DriftingPool:
-        return DriftingPool.from_rates(rates, args.rounds, drift=drift, group_size=k, seed=seed)
-
     methods = [m for m in args.methods.split(",") if m and m.partition("+")[0] != "random_matched"]
+    engine_runs = [(m, mode) for m in args.engine_methods.split(",") if m
+                   for mode in (("sync", "events", "stream") if "+" in m else ("sync", "stream"))]
+    tasks, pool = {}, (rates, args.rounds, drift, k)
+    for seed in range(seeds):
+        plan = argparse.Namespace(**{**vars(args), "seed": seed})
+        for method in methods:
+            tasks[method, seed] = (_on_pool, (simulate, (method, plan), *pool, seed))
+        plan = argparse.Namespace(**{**vars(args), "seed": seed, "max_staleness": None})
+        for method, mode in engine_runs:
+            tasks[(method, mode), seed] = (_on_pool, (simulate_engine, (method, mode, plan, args.rounds), *pool,
+                                                      seed))
+    done = in_workers(tasks, getattr(args, "workers", 1))
     rows: dict[str, dict[str, Any]] = {}
     for method in methods:
-        runs = []
-        for seed in range(seeds):
-            plan = argparse.Namespace(**{**vars(args), "seed": seed})
-            with warnings.catch_warnings():  # (a short run's selection lift has empty bins)
-                warnings.simplefilter("ignore", RuntimeWarning)
-                summary, _, _ = simulate(method, plan, pool=pool(seed))
-            runs.append(summary)
+        runs = [done[method, seed][0] for seed in range(seeds)]
         rows[method] = {"kind": "responses", "effective_groups": _spread([r["effective_groups"] for r in runs]),
                         "responses": _spread([r["responses_spent"] for r in runs]),
                         "responses_per_effective_group": _spread([r["responses_per_effective_group"] for r in runs])}
     engine = {}
-    for method in [m for m in args.engine_methods.split(",") if m]:
-        for mode in ("sync", "events", "stream") if "+" in method else ("sync", "stream"):
-            runs = []
-            for seed in range(seeds):
-                plan = argparse.Namespace(**{**vars(args), "seed": seed, "max_staleness": None})
-                runs.append(simulate_engine(method, mode, plan, args.rounds, pool=pool(seed)))
-            gpus = 1 if args.colocate else args.gpus_per_engine + args.train_gpus
-            engine[f"{method} {mode}"] = {
-                "kind": "engine", "method": method, "mode": mode,
-                "effective_groups": _spread([r["effective_groups"] for r in runs]),
-                "responses_per_effective_group": _spread([r["responses"] / max(r["effective_groups"], 1)
-                                                          for r in runs]),
-                "gpu_s_per_effective_group": _spread([r["engine_s"] * gpus / max(r["effective_groups"], 1)
+    gpus = 1 if args.colocate else args.gpus_per_engine + args.train_gpus
+    for method, mode in engine_runs:
+        runs = [done[(method, mode), seed] for seed in range(seeds)]
+        engine[f"{method} {mode}"] = {
+            "kind": "engine", "method": method, "mode": mode,
+            "effective_groups": _spread([r["effective_groups"] for r in runs]),
+            "responses_per_effective_group": _spread([r["responses"] / max(r["effective_groups"], 1)
                                                       for r in runs]),
-                "gpu_s_per_signal": _spread([r["engine_s"] * gpus / r["signal"] if r["signal"] else float("inf")
-                                             for r in runs])}
+            "gpu_s_per_effective_group": _spread([r["engine_s"] * gpus / max(r["effective_groups"], 1)
+                                                  for r in runs]),
+            "gpu_s_per_signal": _spread([r["engine_s"] * gpus / r["signal"] if r["signal"] else float("inf")
+                                         for r in runs])}
     return {"rows": rows, "engine": engine, "recommendation": recommend(rows, engine), "drift": fitted}
 
 

@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import types
 import typing
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from trl_alloc.allocation.config import allocation_field_specs
 from trl_alloc.allocation.registry import method_class, registered_hyperparameters
-from trl_alloc.allocation.simulate import plan_config, simulate
+from trl_alloc.allocation.simulate import in_workers, plan_config, simulate
 
 
 def plot(results: dict[str, tuple[dict[str, Any], dict[str, list]]], args: argparse.Namespace, path: str) -> None:
@@ -64,17 +62,6 @@ def plot(results: dict[str, tuple[dict[str, Any], dict[str, list]]], args: argpa
         a.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-def in_workers(tasks: dict[str, tuple[Callable[..., Any], tuple]], workers: int) -> dict[str, Any]:
-    """Each task's `fn(*args)`, by name, over `workers` processes (1: here, one after another). Every run is seeded on
-    its own, so the results do not depend on `workers`; only the scheduler's milliseconds are timed, and each
-    process runs on a core of its own."""
-    if workers <= 1 or len(tasks) <= 1:
-        return {name: fn(*call) for name, (fn, call) in tasks.items()}
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {name: pool.submit(fn, *call) for name, (fn, call) in tasks.items()}
-        return {name: future.result() for name, future in futures.items()}
 
 
 def engine_runs(args: argparse.Namespace) -> dict[str, tuple[Callable[..., Any], tuple]]:
