@@ -366,3 +366,17 @@ def test_prompt_column_required(tmp_path):
     with pytest.raises(ValueError, match="'prompt' column"):
         AllocGRPOTrainer(model=model, reward_funcs=reward, args=make_args(str(tmp_path)),
                          train_dataset=ds.rename_column("prompt", "question"), processing_class=tok)
+
+
+@pytest.mark.parametrize("mode", ["deterministic", "events"])
+def test_the_trainer_pulls_its_rounds_from_the_runner_and_a_pull_past_the_last_is_refused(tmp_path, mode):
+    """`_run_round` takes each round from this session's round runner (`round_runner`, `allocation.rounds.Rounds`):
+    two rounds, each recorded once, then a third pull names the problem instead of opening a round past the plan."""
+    trainer = build(tmp_path, pacing="uniform", filling="full", num_rounds=2, rollout_mode=mode)
+    trainer.model.train()
+    for _ in range(2):
+        assert trainer._run_round()
+    assert trainer.allocator.counters["rounds"] == 2 and len(read_round_log(trainer.round_log_path)) == 2
+    with pytest.raises(RuntimeError, match="asked for a round after the last one"):
+        trainer._run_round()
+    assert trainer.allocator.counters["rounds"] == 2
