@@ -110,10 +110,10 @@ class ClosedRound:
 
 
 class Rounds:
-    """A run's rounds (module docstring); build it with `driven`, `synchronous` or `stream`. It stops after `rounds`
-    rounds or once the pacer has spent the budget (`Allocator.more_rounds`). Between synchronous rounds,
-    `resume(allocator)` goes on with another allocator (one a checkpoint's state was loaded into, as a resumed
-    run's)."""
+    """A run's rounds (module docstring); build it with `driven` (or `rollout.drivers.backend_rounds`) or
+    `stream`. It stops after `rounds` rounds or once the pacer has spent the budget (`Allocator.more_rounds`).
+    Between synchronous rounds, `resume(allocator)` goes on with another allocator (one a checkpoint's state was
+    loaded into, as a resumed run's)."""
 
     def __init__(self, allocator: Allocator, rounds: int, record: Callable[[ClosedRound], Any] | None = None,
                  min_responses: int = 1) -> None:
@@ -124,11 +124,11 @@ class Rounds:
     @classmethod
     def driven(cls, allocator: Allocator, rounds: int, drive: Callable[[int], Any], events: bool = False,
                step: Step = call_in_place, record: Callable[[ClosedRound], Any] | None = None,
-               complete: Callable[[ClosedRound], None] | None = None, min_responses: int = 1) -> Rounds:
+               min_responses: int = 1) -> Rounds:
         """Synchronous (`events` False: each filler call submitted whole) or event-driven rounds: each opened,
-        `drive(i)` run inside it (its result is the round's `result`), closed (`Allocator.one_round`),
-        `complete(rnd)` (fills in its driver and trained rows) and `record(rnd)`, then yielded. The run stops with
-        fewer than `min_responses` of the budget left (the planner: one group)."""
+        `drive(i)` run inside it (its result is the round's `result`), closed (`Allocator.one_round`) and recorded
+        (`record(rnd)`), then yielded. The run stops with fewer than `min_responses` of the budget left (the
+        planner: one group)."""
         self = cls(allocator, rounds, record, min_responses)
 
         def iterate() -> Iterator[ClosedRound]:
@@ -136,8 +136,6 @@ class Rounds:
             while self.allocator.more_rounds(i, self.rounds, self.min_responses):
                 admitted, result, summary = self.allocator.one_round(lambda: drive(i), events, step)
                 rnd = ClosedRound(i, summary, self.allocator.closed_round, None, [], admitted, result)
-                if complete is not None:
-                    complete(rnd)
                 rnd.recorded = self.record(rnd)
                 yield rnd
                 i += 1

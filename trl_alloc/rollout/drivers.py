@@ -433,12 +433,13 @@ def backend_rounds(allocator: Allocator, events: bool, rollouts_for: Callable[[i
             if close_rollouts:
                 rollouts.close()
 
-    def complete(rnd: ClosedRound) -> None:
+    def complete_and_record(rnd: ClosedRound) -> Any:  # its driver and committed groups' rows, then `record`
         rnd.driver, kept = rnd.result, set(rnd.summary["groups"])
         rnd.trained = [{"pid": r.tag, "completion_ids": r.token_ids, "pruned": r.rid in rnd.driver.pruned,
                         "aborted": r.finish_reason == "abort", "success": r.info.get("success")}
                        for r in rnd.driver.ended if r.tag in kept]
-    runner = Rounds.driven(allocator, rounds, drive, events, record=record, complete=complete)
+        return None if record is None else record(rnd)
+    runner = Rounds.driven(allocator, rounds, drive, events, record=complete_and_record)
     return runner
 
 
