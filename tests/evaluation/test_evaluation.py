@@ -231,3 +231,18 @@ def test_eval_script_head_column(tiny_random_dir, tmp_path, capsys):
     assert "head_maj" in res.metrics[2]
     assert "| head-weighted maj@k |" in capsys.readouterr().out
     assert all(len(r["head_scores"]) == 2 for r in res.per_prompt)
+
+
+def test_eval_script_evaluates_the_held_out_set_a_training_run_used(tiny_random_dir, tmp_path):
+    """--builtin_levels with the run's --seed and num_eval_prompts: the prompts train.py held out, in its order."""
+    from trl_alloc.tasks.data import load_train_and_test
+
+    script = _load_eval_script()
+    res = script.main(["--model", tiny_random_dir, "--dataset", "builtin:arithmetic", "--builtin_levels", "2", "3",
+                       "--seed", "3", "--num_prompts", "6", "--k", "1", "--max_new_tokens", "2",
+                       "--output_dir", str(tmp_path / "eval"), "--no_progress"])
+    held_out = load_train_and_test("builtin:arithmetic", num_test=6, num_builtin=64, seed=3, levels=(2, 3)).test
+    assert [r["prompt"] for r in res.per_prompt] == held_out["prompt"]
+    assert sorted(set(held_out["difficulty"])) == [2, 3]
+    other = load_train_and_test("builtin:arithmetic", num_test=6, num_builtin=64, seed=3).test
+    assert other["prompt"] != held_out["prompt"]  # without the levels, another set: the flag matters

@@ -42,6 +42,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt_column", default="prompt")
     p.add_argument("--answer_column", default="answer")
     p.add_argument("--num_prompts", type=int, default=200, help="first N prompts of the split (all if <= 0)")
+    p.add_argument("--builtin_levels", type=int, nargs="+", default=None,
+                   help="a built-in task's difficulty levels (train.py's --builtin_levels: with the run's --seed "
+                        "and --num_prompts its num_eval_prompts, the held-out set the run evaluated)")
     p.add_argument("--k", type=int, nargs="+", default=[1, 4, 8], help="k values of the metrics")
     p.add_argument("--num_samples", type=int, default=None, help="samples per prompt n (default: max k)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (<= 0: greedy)")
@@ -126,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
     num_builtin = max(args.num_prompts, 1) if args.num_prompts > 0 else 2000
     dataset = load_prompt_dataset(args.dataset, args.split, config=args.dataset_config,
                                   prompt_column=args.prompt_column, answer_column=args.answer_column,
-                                  num_builtin=num_builtin, seed=args.seed)
+                                  num_builtin=num_builtin, seed=args.seed,
+                                  levels=tuple(args.builtin_levels) if args.builtin_levels else None)
     if args.num_prompts > 0:
         dataset = dataset.select(range(min(len(dataset), args.num_prompts)))
     reward_name = args.reward if args.reward != "auto" else (task if task in ("arithmetic", "countdown") else "math")
