@@ -11,8 +11,9 @@ import pytest
 from scipy.stats import t
 
 from helpers import ROOT
-from trl_alloc.benchmarks.learning import (accuracy_at, code_commit, compare, cost_to_reach, endpoint, markdown_table,
-                                          method_flags, paired, power_lines, seeds_for_half_width)
+from trl_alloc.benchmarks.learning import (accuracy_at, code_commit, compare, cost_to_reach, endpoint,
+                                          held_out_details, markdown_table, method_flags, paired, power_lines,
+                                          seeds_for_half_width, truncation_lines)
 
 CURVE = [{"responses": 0, "seconds": 0.0, "accuracy": 0.10}, {"responses": 100, "seconds": 20.0, "accuracy": 0.20},
          {"responses": 200, "seconds": 50.0, "accuracy": 0.30}, {"responses": 300, "seconds": 60.0, "accuracy": 0.25}]
@@ -105,6 +106,55 @@ def test_cpu_seconds_are_compared_only_where_both_runs_measured_them():
     assert compare(runs[2:])["cero_sara"]["cpu_seconds_to_target_ratio"]["mean"] is None
 
 
+def _eval_results(out, when, truncated, tokens):
+    os.makedirs(out / "eval" / when)
+    (out / "eval" / when / "eval_results.json").write_text(json.dumps(
+        {"metrics": {"1": {"avg": 0.5}}, "info": {"truncated_rate": truncated, "mean_completion_tokens": tokens}}))
+
+
+def test_held_out_details_read_each_evaluations_cut_share_from_its_outputs(tmp_path):
+    curve = [dict(p, when=w) for p, w in zip(CURVE, ("before", "round-4", "round-8", "after"))]
+    _eval_results(tmp_path, "before", 0.75, 60.5)
+    _eval_results(tmp_path, "after", 0.125, 30.0)
+    points = held_out_details(str(tmp_path), curve)
+    assert [p.get("truncated_share") for p in points] == [0.75, None, None, 0.125]
+    assert points[-1]["mean_completion_tokens"] == 30.0 and points[-1]["accuracy"] == CURVE[-1]["accuracy"]
+    assert "truncated_share" not in curve[0]  # the record's curve is not changed in place
+
+
+def test_truncation_lines_rank_each_seed_and_test_the_correlation_by_permutation():
+    def run(method, seed, acc, cut):
+        curve = [dict(p, accuracy=acc) for p in CURVE]
+        curve[-1]["truncated_share"] = cut
+        return record(method, seed, curve)
+
+    runs = [run("stock", 0, 0.30, 0.05), run("sara", 0, 0.25, 0.10), run("cero_sara", 0, 0.20, 0.90)]
+    lines = truncation_lines(runs)
+    assert lines[0] == "seed 0: stock 30.0% (cut 5%) > sara 25.0% (cut 10%) > cero_sara 20.0% (cut 90%)"
+    # three runs in the opposite order: rho = -1, and 2 of the 3! = 6 orderings are as extreme, so p = 1/3
+    assert lines[1].endswith("Spearman -1.00 (permutation p = 0.33)")
+    assert truncation_lines(runs[:1]) == ["seed 0: stock 30.0% (cut 5%)"]  # too few runs for a correlation
+    assert truncation_lines([record("stock", 0, CURVE)]) == []  # records without the cut shares
+
+
+def test_held_out_details_are_added_to_older_records_once(tmp_path, capsys):
+    from trl_alloc.cli.bench_learning import main
+
+    runs, work = tmp_path / "runs", tmp_path / "out" / "train"
+    runs.mkdir()
+    curve = [dict(p, when=w) for p, w in zip(CURVE, ("before", "round-4", "round-8", "after"))]
+    (runs / "stock-s0.json").write_text(json.dumps(record("stock", 0, curve)))
+    for when, cut in (("before", 0.5), ("round-4", 0.25), ("round-8", 0.125), ("after", 0.0)):
+        _eval_results(work / "stock-s0", when, cut, 40.0)
+    main(["--add_held_out_details", "--runs_dir", str(runs), "--output_dir", str(tmp_path / "out")])
+    saved = json.loads((runs / "stock-s0.json").read_text())
+    assert [p["truncated_share"] for p in saved["held_out_curve"]] == [0.5, 0.25, 0.125, 0.0]
+    assert "held-out cut shares added" in capsys.readouterr().out
+    main(["--add_held_out_details", "--runs_dir", str(runs), "--output_dir", str(tmp_path / "out")])
+    assert "held-out cut shares added" not in capsys.readouterr().out  # already there: left as it is
+    assert "| 0.0 |" in (tmp_path / "out" / "bench_learning.md").read_text()  # the table's last column
+
+
 def test_method_flags_are_train_script_stages():
     assert method_flags("stock") == ["--pacing", "uniform", "--filling", "full"]
     assert method_flags("dapo") == ["--pacing", "uniform", "--filling", "dynamic_sampling"]
@@ -152,9 +202,15 @@ def test_the_bench_runs_train_script_on_local_jsonl_files_and_keeps_finished_run
         assert r["prompts_with_signal"] <= r["prompts_trained"] <= r["prompts_seen"]
         assert 0.0 <= r["truncated_share"] <= 1.0 and r["commit"] == code_commit()
         assert r["engine"] == {"backend": "transformers", "trainer_dtype": "float32", "dtype": "float32"}
+        for p in curve:  # each evaluation's cut share: the share of its samples that ended at the token cap
+            with open(tmp_path / "out" / "train" / f"{r['method']}-s0" / "eval" / p["when"] / "samples.jsonl") as f:
+                reasons = [x for line in f for x in json.loads(line)["finish_reasons"]]
+            assert p["truncated_share"] == pytest.approx(reasons.count("length") / len(reasons))
+            assert len(reasons) == 12 * 2 and p["mean_completion_tokens"] > 0
     assert got["stock-s0.json"]["responses_spent"] == 5 * 32  # stock spends its budget exactly
     assert [p["responses"] for p in got["stock-s0.json"]["held_out_curve"]] == [0, 64, 128, 160]
     assert "| stock GRPO | 1 |" in proc.stdout and "| CERO+SARA | 1 |" in proc.stdout
+    assert "\nseed 0: " in proc.stdout and "(cut " in proc.stdout
     assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 0
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert again.returncode == 0 and again.stdout.count("already in") == 2 and "running" not in again.stdout

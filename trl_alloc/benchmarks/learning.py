@@ -94,6 +94,22 @@ def _run_counting_seconds(cmd: list[str], log: Any, progress: dict[str, Any], pr
         save()
 
 
+def held_out_details(out: str, curve: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The curve's points with each evaluation's share of held-out samples cut at the token cap and their mean
+    length (`truncated_share`, `mean_completion_tokens`), read from the `eval/<when>/eval_results.json` that
+    `train.py` writes for every evaluation; a point without that file is left as it is."""
+    points = []
+    for point in curve:
+        path = os.path.join(out, "eval", point["when"], "eval_results.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                info = json.load(f)["info"]
+            point = {**point, "truncated_share": info["truncated_rate"],
+                     "mean_completion_tokens": info["mean_completion_tokens"]}
+        points.append(point)
+    return points
+
+
 def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, work_dir: str, eval_every: int,
             timeout: float | None = None, eval_every_responses: int = 0, save_steps: int = 0,
             heartbeat_s: float = 30.0) -> dict[str, Any]:
@@ -138,6 +154,7 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
     record = {"method": method, "seed": seed, "commit": commit, "command": cmd[1:], "wall_s": wall_s,
               "resumed_at_steps": progress["resumed_at_steps"], "commits": sorted(set(progress["commits"]) - {None}),
               **{k: summary.get(k) for k in keys}}
+    record["held_out_curve"] = held_out_details(out, record["held_out_curve"])
     os.makedirs(runs_dir, exist_ok=True)
     with open(run_path(runs_dir, method, seed), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1, default=json_default)
@@ -242,7 +259,9 @@ def compare(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                                  for s in both),
                "endpoint": paired(endpoint(by[m, s]) for s in seeds),
                "d_endpoint": paired(endpoint(by[m, s]) - endpoint(by[STOCK, s]) for s in both),
-               "spend_share": paired(by[m, s]["responses_spent"] / budget_of(by[m, s]) for s in seeds)}
+               "spend_share": paired(by[m, s]["responses_spent"] / budget_of(by[m, s]) for s in seeds),
+               "cut_after": paired(by[m, s]["held_out_curve"][-1]["truncated_share"] for s in seeds
+                                   if "truncated_share" in by[m, s]["held_out_curve"][-1])}
         for axis in ("responses", "seconds", "cpu_seconds"):
             ratios = []
             for s in (s for s in both if all(axis in r["held_out_curve"][0] for r in (by[m, s], by[STOCK, s]))):
@@ -268,7 +287,7 @@ def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
     head = ("| method | seeds | endpoint % (mean at 50/75/100% of budget) | Δ endpoint vs stock (pp) | "
             "held-out accuracy % | Δ vs stock (pp) | responses to stock's final (× stock) | "
             "seconds to stock's final (× stock) | CPU seconds to stock's final (× stock) | responses | run s | "
-            "effective groups | Δ effective groups vs stock |")
+            "effective groups | Δ effective groups vs stock | held-out cut at the cap, after % |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m, r in rows.items():
         lines.append(f"| {method_recipe(m)[0] if m != STOCK else 'stock GRPO'} | {len(r['seeds'])} | "
@@ -278,7 +297,8 @@ def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
                      f"{_interval(r['seconds_to_target_ratio'], '.2f')} | "
                      f"{_interval(r['cpu_seconds_to_target_ratio'], '.2f')} | {_interval(r['responses'], '.0f')} | "
                      f"{_interval(r['wall_s'], '.0f')} | {_interval(r['effective_groups'], '.0f')} | "
-                     f"{_interval(r['d_effective_groups'], '.1f', sign=True)} |")
+                     f"{_interval(r['d_effective_groups'], '.1f', sign=True)} | "
+                     f"{_interval(r['cut_after'], '.1f', 100)} |")
     return "\n".join(lines)
 
 
@@ -294,6 +314,28 @@ def power_lines(rows: dict[str, dict[str, Any]], half_width: float = 0.04) -> li
         out.append(f"{m}: Δ endpoint paired SD {100 * d['sd']:.1f} pp over {d['n']} seeds, 95% half-width "
                    f"{100 * half:.1f} pp; ±{100 * half_width:.0f} pp needs {seeds_for_half_width(d['sd'], half_width)}"
                    " seeds at this SD")
+    return out
+
+
+def truncation_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Does the token cap decide the comparison? Per seed, the methods by endpoint with the share of their last
+    evaluation's held-out samples cut at the cap; over all runs with that share, its Spearman correlation with the
+    endpoint and the correlation's two-sided permutation p-value (exact for up to 9 runs)."""
+    from scipy.stats import PermutationMethod, pearsonr, rankdata
+
+    runs = [r for r in runs if "truncated_share" in r["held_out_curve"][-1]]
+    out = []
+    for seed in sorted({r["seed"] for r in runs}):
+        ranked = sorted((r for r in runs if r["seed"] == seed), key=endpoint, reverse=True)
+        out.append(f"seed {seed}: " + " > ".join(
+            f"{r['method']} {100 * endpoint(r):.1f}% (cut {100 * r['held_out_curve'][-1]['truncated_share']:.0f}%)"
+            for r in ranked))
+    if len(runs) > 2:
+        test = pearsonr(rankdata([endpoint(r) for r in runs]),
+                        rankdata([r["held_out_curve"][-1]["truncated_share"] for r in runs]),
+                        method=PermutationMethod(random_state=0))
+        out.append(f"endpoint vs the last evaluation's cut share over {len(runs)} runs: Spearman "
+                   f"{test.statistic:+.2f} (permutation p = {test.pvalue:.2g})")
     return out
 
 
@@ -324,4 +366,5 @@ def plot_curves(runs: Sequence[dict[str, Any]], path: str) -> str:
 
 
 __all__ = ["ENDPOINT_SHARES", "accuracy_at", "code_commit", "compare", "cost_to_reach", "endpoint", "load_runs",
-           "markdown_table", "method_flags", "paired", "plot_curves", "power_lines", "run_one", "seeds_for_half_width"]
+           "held_out_details", "markdown_table", "method_flags", "paired", "plot_curves", "power_lines", "run_one",
+           "seeds_for_half_width", "truncation_lines"]

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..allocation.allocator import json_default
-from ..benchmarks.learning import (STOCK, compare, load_runs, markdown_table, plot_curves, power_lines, run_one,
-                                   run_path)
+from ..benchmarks.learning import (STOCK, compare, held_out_details, load_runs, markdown_table, plot_curves,
+                                   power_lines, run_one, run_path, truncation_lines)
 from ..benchmarks.methods import METHODS, parse_methods
 
 
@@ -47,13 +47,31 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, l
                    "session interrupted resumes there (0: no checkpoints; an interrupted run starts again)")
     p.add_argument("--timeout", type=float, default=None, help="seconds one train.py run may take")
     p.add_argument("--report_only", action="store_true", help="only the table and plot of the runs in --runs_dir")
+    p.add_argument("--add_held_out_details", action="store_true",
+                   help="first add each evaluation's held-out cut share and mean length to the records in --runs_dir "
+                   "that lack them (written before those fields existed), from their train.py outputs in "
+                   "--output_dir/train; then report")
     args = p.parse_args(own)
     args.methods = parse_methods(p, args.methods)
+    args.report_only = args.report_only or args.add_held_out_details
     if STOCK not in args.methods and not args.report_only:
         p.error("--methods needs 'stock': every figure is paired against it")
     if not train_args and not args.report_only:
         p.error("give train.py's arguments after `--` (e.g. -- --config configs/learning_smollm2.yaml)")
     return args, train_args
+
+
+def add_held_out_details(runs_dir: str, work_dir: str) -> None:
+    """`held_out_details` for the records in `runs_dir` whose curve lacks them, from `work_dir/<method>-s<seed>`."""
+    for record in load_runs(runs_dir):
+        out = os.path.join(work_dir, f"{record['method']}-s{record['seed']}")
+        if all("truncated_share" in p for p in record["held_out_curve"]) or not os.path.isdir(out):
+            continue
+        record["held_out_curve"] = held_out_details(out, record["held_out_curve"])
+        with open(run_path(runs_dir, record["method"], record["seed"]), "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1, default=json_default)
+        print(f"[bench_learning] {record['method']} seed {record['seed']}: held-out cut shares added from {out}",
+              flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -72,12 +90,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
                       f"{r['held_out_accuracy_after']:.3f}, {r['responses_spent']} responses, "
                       f"{r['held_out_curve'][-1]['seconds']:.0f} s of run ({r['wall_s']:.0f} s with evaluation)",
                       flush=True)
+    if args.add_held_out_details:
+        add_held_out_details(args.runs_dir, os.path.join(args.output_dir, "train"))
     runs = load_runs(args.runs_dir)
     if not runs:
         raise SystemExit(f"no runs in {args.runs_dir}")
     rows = compare(runs)
     table = markdown_table(rows)
-    power = power_lines(rows)
+    power = power_lines(rows) + truncation_lines(runs)
     print("\n" + table + "".join("\n" + line for line in power))
     os.makedirs(args.output_dir, exist_ok=True)
     plot = plot_curves(runs, os.path.join(args.output_dir, "learning_curves.png"))
