@@ -155,10 +155,15 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
               "resumed_at_steps": progress["resumed_at_steps"], "commits": sorted(set(progress["commits"]) - {None}),
               **{k: summary.get(k) for k in keys}}
     record["held_out_curve"] = held_out_details(out, record["held_out_curve"])
-    os.makedirs(runs_dir, exist_ok=True)
-    with open(run_path(runs_dir, method, seed), "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1, default=json_default)
+    write_record(runs_dir, record)
     return record
+
+
+def write_record(runs_dir: str, record: dict[str, Any]) -> None:
+    """A run's record, as `<runs_dir>/<method>-s<seed>.json`."""
+    os.makedirs(runs_dir, exist_ok=True)
+    with open(run_path(runs_dir, record["method"], record["seed"]), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, default=json_default)
 
 
 def load_runs(runs_dir: str) -> list[dict[str, Any]]:
@@ -367,4 +372,4 @@ def plot_curves(runs: Sequence[dict[str, Any]], path: str) -> str:
 
 __all__ = ["ENDPOINT_SHARES", "accuracy_at", "code_commit", "compare", "cost_to_reach", "endpoint", "load_runs",
            "held_out_details", "markdown_table", "method_flags", "paired", "plot_curves", "power_lines", "run_one",
-           "seeds_for_half_width", "truncation_lines"]
+           "seeds_for_half_width", "truncation_lines", "write_record"]

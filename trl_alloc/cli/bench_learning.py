@@ -22,7 +22,7 @@ from typing import Any
 
 from ..allocation.allocator import json_default
 from ..benchmarks.learning import (STOCK, compare, held_out_details, load_runs, markdown_table, plot_curves,
-                                   power_lines, run_one, run_path, truncation_lines)
+                                   power_lines, run_one, run_path, truncation_lines, write_record)
 from ..benchmarks.methods import METHODS, parse_methods
 
 
@@ -68,8 +68,7 @@ def add_held_out_details(runs_dir: str, work_dir: str) -> None:
         if all("truncated_share" in p for p in record["held_out_curve"]) or not os.path.isdir(out):
             continue
         record["held_out_curve"] = held_out_details(out, record["held_out_curve"])
-        with open(run_path(runs_dir, record["method"], record["seed"]), "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1, default=json_default)
+        write_record(runs_dir, record)
         print(f"[bench_learning] {record['method']} seed {record['seed']}: held-out cut shares added from {out}",
               flush=True)
 
