@@ -268,6 +268,10 @@ def test_dataset_file_errors_name_the_file_and_the_line(tmp_path):
         load_prompt_dataset(str(bad))
     with pytest.raises(ValueError, match="no difficulty level 9; its levels are 1, 2, 3, 4, 5"):
         load_prompt_dataset("builtin:arithmetic", levels=(9,))
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"levels \(2, 3; --builtin_levels\) .*good.jsonl' is not one"):
+        load_prompt_dataset(str(good), levels=(2, 3))  # was: silently ignored
 
 
 def test_local_file_gets_a_disjoint_held_out_split(tmp_path):

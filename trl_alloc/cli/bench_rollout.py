@@ -64,7 +64,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="a registered model name or a local folder")
     p.add_argument("--dataset", default="builtin:arithmetic-chat")
-    p.add_argument("--levels", type=int, nargs="*", default=[1, 2, 3])
+    p.add_argument("--levels", type=int, nargs="*", default=[1, 2, 3],
+                   help="a built-in task's difficulty levels (not used for other datasets)")
     p.add_argument("--methods", default=",".join(ROLLOUT_METHODS))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--groups", type=int, default=8, help="B: target groups per round")
@@ -181,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     model_dir = resolve_model(args.model) if is_registered(args.model) else args.model
     tok = AutoTokenizer.from_pretrained(model_dir)
     hidden_size = AutoConfig.from_pretrained(model_dir).get_text_config().hidden_size
-    ds = load_prompt_dataset(args.dataset, levels=args.levels, seed=args.seed)
+    ds = load_prompt_dataset(args.dataset, levels=args.levels if args.dataset.startswith("builtin:") else None,
+                             seed=args.seed)
     reward = reward_for_dataset(args.dataset)
     chat = isinstance(ds[0]["prompt"], list)
 

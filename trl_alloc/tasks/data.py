@@ -26,6 +26,10 @@ def load_prompt_dataset(name, split="train", config=None, prompt_column="prompt"
             raise ValueError(f"unknown built-in task {task!r} in dataset_name={name!r}; choose one of "
                              + ", ".join(f"builtin:{t}" for t in TASKS) + ".")
         ds = build_dataset(task, n=num_builtin, seed=seed, split=split, levels=levels)
+    elif levels:
+        raise ValueError(f"difficulty levels ({', '.join(map(str, levels))}; --builtin_levels) pick the problems of "
+                         f"a built-in task, and {name!r} is not one (builtin:...); drop --builtin_levels, or filter "
+                         "your dataset's rows yourself.")
     elif is_local_file(name):
         ds = _load_local_file(name)
     elif os.path.isfile(name):
