@@ -8,12 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from scipy.stats import t
+from scipy.stats import chi2, f, t
 
 from helpers import ROOT
 from trl_alloc.benchmarks.learning import (accuracy_at, code_commit, compare, cost_to_reach, endpoint,
                                           held_out_details, markdown_table, method_flags, paired, power_lines,
-                                          seeds_for_half_width, truncation_lines)
+                                          sd_comparison_lines, sd_interval, seeds_for_half_width,
+                                          truncation_lines)
 
 CURVE = [{"responses": 0, "seconds": 0.0, "accuracy": 0.10}, {"responses": 100, "seconds": 20.0, "accuracy": 0.20},
          {"responses": 200, "seconds": 50.0, "accuracy": 0.30}, {"responses": 300, "seconds": 60.0, "accuracy": 0.25}]
@@ -90,6 +91,35 @@ def test_compare_pairs_each_seed_against_stocks_final_accuracy():
     [line] = power_lines(rows)
     assert line.startswith("cero_sara: Δ endpoint paired SD")
     assert f"needs {seeds_for_half_width(d['sd'], 0.04)} seeds" in line
+
+
+def test_sd_interval_is_the_chi_square_interval():
+    low, high = sd_interval(0.10, 6)
+    assert low ** 2 == pytest.approx(5 * 0.01 / chi2.ppf(0.975, 5))
+    assert high ** 2 == pytest.approx(5 * 0.01 / chi2.ppf(0.025, 5))
+    assert 0.06 < low < 0.10 < 0.24 < high < 0.25  # six seeds: the SD itself is known to within about 0.6x-2.5x
+
+
+def test_sd_comparison_tests_two_designs_spreads_with_an_f_test():
+    def runs(diffs):
+        out = []
+        for seed, d in enumerate(diffs):
+            base = [dict(p, accuracy=0.2) for p in CURVE]
+            out += [record("stock", seed, base), record("sara", seed, [dict(p, accuracy=0.2 + d) for p in CURVE])]
+        return out
+
+    narrow, wide = compare(runs([0.00, 0.02, 0.04, 0.02])), compare(runs([-0.10, 0.10, 0.20]))
+    [endpoint_line, final_line] = sd_comparison_lines(narrow, wide, "on-policy", "bf16")
+    sd_a, sd_b = narrow["sara"]["d_endpoint"]["sd"], wide["sara"]["d_endpoint"]["sd"]
+    assert sd_a == pytest.approx(math.sqrt(0.0008 / 3)) and sd_b == pytest.approx(0.152753, rel=1e-5)
+    ratio = (sd_a / sd_b) ** 2
+    p = 2 * f.cdf(ratio, 3, 2)
+    (alo, ahi), (blo, bhi) = sd_interval(sd_a, 4), sd_interval(sd_b, 3)
+    assert endpoint_line == (f"sara: Δ endpoint paired SD {100 * sd_a:.1f} pp [{100 * alo:.1f}, {100 * ahi:.1f}] "
+                             f"over 4 seeds (on-policy) against 15.3 pp [{100 * blo:.1f}, {100 * bhi:.1f}] over 3 "
+                             f"(bf16); variance ratio {ratio:.2f}, F-test p = {p:.2g}")
+    assert final_line.startswith("sara: Δ final paired SD 1.6 pp")
+    assert sd_comparison_lines(narrow, compare(runs([0.1])), "a", "b") == []  # one seed has no SD to compare
 
 
 def test_cpu_seconds_are_compared_only_where_both_runs_measured_them():

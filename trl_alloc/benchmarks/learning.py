@@ -322,6 +322,35 @@ def power_lines(rows: dict[str, dict[str, Any]], half_width: float = 0.04) -> li
     return out
 
 
+def sd_interval(sd: float, n: int) -> tuple[float, float]:
+    """Two-sided 95% interval of a standard deviation `sd` measured over `n` values (chi-square, normal values)."""
+    from scipy.stats import chi2
+
+    return sd * math.sqrt((n - 1) / chi2.ppf(0.975, n - 1)), sd * math.sqrt((n - 1) / chi2.ppf(0.025, n - 1))
+
+
+def sd_comparison_lines(rows: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]],
+                        label: str = "this design", other_label: str = "the other") -> list[str]:
+    """Did one design narrow the seed-to-seed spread? Per method in both and per paired difference to stock (the
+    endpoint and the final accuracy): each design's paired SD with its 95% interval (`sd_interval`), and the
+    two-sided F-test p-value of their variances' ratio."""
+    from scipy.stats import f
+
+    out = []
+    for m in (m for m in rows if m != STOCK and m in other):
+        for key, name in (("d_endpoint", "Δ endpoint"), ("d_final", "Δ final")):
+            a, b = rows[m][key], other[m][key]
+            if a["n"] < 2 or b["n"] < 2:
+                continue
+            (alo, ahi), (blo, bhi) = sd_interval(a["sd"], a["n"]), sd_interval(b["sd"], b["n"])
+            ratio = (a["sd"] / b["sd"]) ** 2 if b["sd"] > 0 else math.inf
+            p = min(1.0, 2 * min(f.cdf(ratio, a["n"] - 1, b["n"] - 1), f.sf(ratio, a["n"] - 1, b["n"] - 1)))
+            out.append(f"{m}: {name} paired SD {100 * a['sd']:.1f} pp [{100 * alo:.1f}, {100 * ahi:.1f}] over "
+                       f"{a['n']} seeds ({label}) against {100 * b['sd']:.1f} pp [{100 * blo:.1f}, {100 * bhi:.1f}] "
+                       f"over {b['n']} ({other_label}); variance ratio {ratio:.2f}, F-test p = {p:.2g}")
+    return out
+
+
 def truncation_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Does the token cap decide the comparison? Per seed, the methods by endpoint with the share of their last
     evaluation's held-out samples cut at the cap; over all runs with that share, its Spearman correlation with the
@@ -372,4 +401,5 @@ def plot_curves(runs: Sequence[dict[str, Any]], path: str) -> str:
 
 __all__ = ["ENDPOINT_SHARES", "accuracy_at", "code_commit", "compare", "cost_to_reach", "endpoint", "load_runs",
            "held_out_details", "markdown_table", "method_flags", "paired", "plot_curves", "power_lines", "run_one",
-           "seeds_for_half_width", "truncation_lines", "write_record"]
+           "sd_comparison_lines", "sd_interval", "seeds_for_half_width", "truncation_lines",
+           "write_record"]

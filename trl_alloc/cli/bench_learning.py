@@ -6,6 +6,8 @@ works (`--dataset_name train.jsonl --test_dataset_name test.jsonl`).
     python scripts/bench_learning.py --methods stock,dapo,cero_sara --seeds 0 1 2 \
         -- --config configs/learning_smollm2.yaml
     python scripts/bench_learning.py --report_only --runs_dir docs/data/learning_smollm2   # the table and plot only
+    python scripts/bench_learning.py --report_only --runs_dir docs/data/learning_smollm2_pool64_onpolicy \
+        --compare_sd_with docs/data/learning_smollm2_pool64   # and the seed-to-seed spread against another design
 
 Runs already in `--runs_dir` are kept and not run again: a later session adds seeds to the same folder. A run a
 stopped session interrupted resumes from its newest checkpoint (`--save_steps`), with its curve so far.
@@ -22,7 +24,8 @@ from typing import Any
 
 from ..allocation.allocator import json_default
 from ..benchmarks.learning import (STOCK, compare, held_out_details, load_runs, markdown_table, plot_curves,
-                                   power_lines, run_one, run_path, truncation_lines, write_record)
+                                   power_lines, run_one, run_path, sd_comparison_lines, truncation_lines,
+                                   write_record)
 from ..benchmarks.methods import METHODS, parse_methods
 
 
@@ -47,6 +50,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, l
                    "session interrupted resumes there (0: no checkpoints; an interrupted run starts again)")
     p.add_argument("--timeout", type=float, default=None, help="seconds one train.py run may take")
     p.add_argument("--report_only", action="store_true", help="only the table and plot of the runs in --runs_dir")
+    p.add_argument("--compare_sd_with", default=None, metavar="RUNS_DIR",
+                   help="also compare the seed-to-seed spread with another design's runs (e.g. "
+                   "docs/data/learning_smollm2_pool64, the bfloat16-engine runs): each paired SD with its interval "
+                   "and an F-test")
     p.add_argument("--add_held_out_details", action="store_true",
                    help="first add each evaluation's held-out cut share and mean length to the records in --runs_dir "
                    "that lack them (written before those fields existed), from their train.py outputs in "
@@ -97,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     rows = compare(runs)
     table = markdown_table(rows)
     power = power_lines(rows) + truncation_lines(runs)
+    if args.compare_sd_with:
+        other = load_runs(args.compare_sd_with)
+        if not other:
+            raise SystemExit(f"--compare_sd_with: no runs in {args.compare_sd_with}")
+        power += sd_comparison_lines(rows, compare(other), args.runs_dir, args.compare_sd_with)
     print("\n" + table + "".join("\n" + line for line in power))
     os.makedirs(args.output_dir, exist_ok=True)
     plot = plot_curves(runs, os.path.join(args.output_dir, "learning_curves.png"))
