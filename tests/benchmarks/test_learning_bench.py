@@ -12,8 +12,8 @@ from scipy.stats import chi2, f, t
 
 from helpers import ROOT
 from trl_alloc.benchmarks.learning import (accuracy_at, code_commit, compare, cost_to_reach, endpoint,
-                                          held_out_details, markdown_table, method_flags, paired, power_lines,
-                                          sd_comparison_lines, sd_interval, seeds_for_half_width,
+                                          held_out_details, markdown_table, mean_curve, method_flags, paired,
+                                          power_lines, sd_comparison_lines, sd_interval, seeds_for_half_width,
                                           truncation_lines)
 
 CURVE = [{"responses": 0, "seconds": 0.0, "accuracy": 0.10}, {"responses": 100, "seconds": 20.0, "accuracy": 0.20},
@@ -44,6 +44,14 @@ def test_the_endpoint_is_the_mean_accuracy_at_half_three_quarters_and_all_of_the
     assert endpoint({"held_out_curve": CURVE, "budget_responses": 300}) == pytest.approx((0.25 + 0.2875 + 0.25) / 3)
     short = {"held_out_curve": CURVE[:3], "budget_responses": 300}  # stopped at 200 of 300 responses
     assert endpoint(short) == pytest.approx((0.25 + 0.30 + 0.30) / 3)
+
+
+def test_the_mean_curve_averages_runs_at_the_same_shares_of_their_budget():
+    """Evaluations at other spends (CURVE at 100 / 200 / 300, a shorter run stopped at 200) are read at the same
+    shares of the budget, linear between evaluations; a run that spent less at its own last point."""
+    short = {"held_out_curve": CURVE[:3], "budget_responses": 300}
+    runs = [{"held_out_curve": CURVE, "budget_responses": 300}, short]
+    assert mean_curve(runs, (0.0, 0.5, 1.0)) == pytest.approx([0.10, (0.25 + 0.25) / 2, (0.25 + 0.30) / 2])
 
 
 def test_seeds_for_a_half_width_invert_the_student_t_interval():
