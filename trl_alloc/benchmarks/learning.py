@@ -391,12 +391,14 @@ def plot_curves(runs: Sequence[dict[str, Any]], path: str) -> str:
     methods = list(dict.fromkeys(r["method"] for r in runs))
     colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    labelled = set()  # the right panel names each method once; the left names the means
     for r in runs:
         curve = r["held_out_curve"]
         for ax, axis in zip(axes, ("responses", "seconds")):
+            label = r["method"] if axis == "seconds" and r["method"] not in labelled else None
+            labelled.update([label] if label else [])
             ax.plot([p[axis] for p in curve], [100 * p["accuracy"] for p in curve], marker=".", lw=0.8, alpha=0.45,
-                    color=colours[r["method"]], label=None if axis == "responses" else r["method"] if r["seed"] == min(
-                        x["seed"] for x in runs if x["method"] == r["method"]) else None)
+                    color=colours[r["method"]], label=label)
     shares = [i / 8 for i in range(9)]
     for m in methods:
         mine = [r for r in runs if r["method"] == m]
