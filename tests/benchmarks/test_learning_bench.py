@@ -193,6 +193,38 @@ def test_held_out_details_are_added_to_older_records_once(tmp_path, capsys):
     assert "| 0.0 |" in (tmp_path / "out" / "bench_learning.md").read_text()  # the table's last column
 
 
+def test_regrade_into_scores_each_evaluation_again_and_keeps_the_runs_accuracy(tmp_path, capsys):
+    """A run that learned to state wrong results ("10 + 23 = 22") scored by the verifier it trained with, then by
+    this commit's: each evaluation re-scored from its samples, the run's own figure kept beside it."""
+    from trl_alloc.cli.bench_learning import main
+
+    runs, work = tmp_path / "runs", tmp_path / "out" / "train"
+    runs.mkdir()
+    curve = [dict(p, when=w) for p, w in zip(CURVE, ("before", "round-4", "round-8", "after"))]
+    stock = dict(record("stock", 0, curve), held_out_accuracy_before=0.10)
+    (runs / "stock-s0.json").write_text(json.dumps(stock))
+    prompt = [{"role": "user", "content": "Hana has 10 cards. She gets 23 more. How many cards does she have?"}]
+    for when, right in (("before", 1), ("round-4", 2), ("round-8", 3), ("after", 0)):
+        _eval_results(work / "stock-s0", when, 0.0, 20.0)
+        info = json.loads((work / "stock-s0" / "eval" / when / "eval_results.json").read_text())
+        (work / "stock-s0" / "eval" / when / "eval_results.json").write_text(
+            json.dumps({**info, "info": {**info["info"], "answer_type": "math"}}))
+        completions = [f"The final answer is 10 + 23 = {33 if i < right else 22}." for i in range(4)]
+        (work / "stock-s0" / "eval" / when / "samples.jsonl").write_text(
+            json.dumps({"prompt": prompt, "answer": "33", "completions": completions}) + "\n")
+    main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "new")])
+    saved = json.loads((tmp_path / "new" / "stock-s0.json").read_text())
+    assert [p["accuracy"] for p in saved["held_out_curve"]] == [0.25, 0.5, 0.75, 0.0]
+    assert [p["accuracy_as_run"] for p in saved["held_out_curve"]] == [p["accuracy"] for p in CURVE]
+    assert (saved["held_out_accuracy_before"], saved["held_out_accuracy_after"]) == (0.25, 0.0)
+    assert saved["regraded"]["verifier"] == "math_reward" and saved["regraded"]["accuracy_as_run_after"] == 0.25
+    assert json.loads((runs / "stock-s0.json").read_text()) == stock  # the run's own record is left as it is
+    assert "held-out after 0.250 as run, 0.000 regraded (math_reward)" in capsys.readouterr().out
+    (work / "stock-s0" / "eval" / "round-8" / "samples.jsonl").unlink()
+    with pytest.raises(SystemExit, match="no samples in .*round-8 to regrade"):
+        main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "x")])
+
+
 def test_method_flags_are_train_script_stages():
     assert method_flags("stock") == ["--pacing", "uniform", "--filling", "full"]
     assert method_flags("dapo") == ["--pacing", "uniform", "--filling", "dynamic_sampling"]

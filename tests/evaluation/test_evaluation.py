@@ -134,6 +134,8 @@ def test_math_answers_group_by_equivalence():
     answers = [spec.extract(t) for t in ["$\\frac{1}{2}$", "0.5", "$3$", "no idea"]]
     assert answers[3] is None
     assert group_answers(answers, spec.equal) == [0, 0, 1, None]
+    stated = [spec.extract(t) for t in ["The final answer is 10 + 23 = 22.", "22", "The final answer is 33."]]
+    assert group_answers(stated, spec.equal) == [0, 0, 1]  # an equation votes for its stated result
 
 
 def test_score_fn_gets_token_ids_only_when_it_accepts_them():
@@ -203,6 +205,32 @@ def test_evaluate_end_to_end_transformers(tiny_random_dir, tmp_path):
     assert saved["metrics"]["4"]["pass"] == pytest.approx(res.metrics[4]["pass"])
     assert saved["info"]["num_samples"] == 4 and saved["info"]["backend"] == "transformers"
     assert len(Path(paths["samples"]).read_text().splitlines()) == 5
+
+
+def test_regrade_scores_written_samples_again(tiny_random_dir, tmp_path):
+    """The same verifier reproduces an evaluation's avg@k exactly; a corrected one re-scores its samples."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_alloc.tasks.builtin import build_dataset
+    from trl_alloc.tasks.rewards import arithmetic_reward, math_reward
+
+    tok = AutoTokenizer.from_pretrained(tiny_random_dir)
+    data = build_dataset("arithmetic", n=6, seed=1, split="test")
+    res = ev.evaluate(ev.TransformersBackend(AutoModelForCausalLM.from_pretrained(tiny_random_dir), tok), tok, data,
+                      arithmetic_reward, answer_spec("arithmetic"), ks=[2], max_new_tokens=4, seed=0, progress=False)
+    samples = ev.write_outputs(res, str(tmp_path / "out"))["samples"]
+    assert ev.regrade(samples, arithmetic_reward) == res.metrics[2]["avg"]
+
+    rows = [{"prompt": [{"role": "user", "content": "Hana has 10 cards. She gets 23 more. How many?"}], "answer": "33",
+             "completions": ["The final answer is 10 + 23 = 22.", "The final answer is 10 + 23 = 33."]},
+            {"prompt": [{"role": "user", "content": "Ben has 5 books. He gives 2 away. How many?"}], "answer": "3",
+             "completions": ["The final answer is 5 - 2 = 3 books.", "no idea"]}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ev.regrade(str(path), math_reward) == 0.5  # the stated "= 22" is wrong, whatever 10 + 23 is
+    with pytest.raises(ValueError, match="no samples"):
+        (tmp_path / "empty.jsonl").write_text("")
+        ev.regrade(str(tmp_path / "empty.jsonl"), math_reward)
 
 
 def test_eval_script_writes_table_and_json(tiny_random_dir, tmp_path, capsys):

@@ -14,7 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from trl_alloc.tasks.rewards import arithmetic_reward, countdown_reward, math_reward  # noqa: E402
+from trl_alloc.tasks.rewards import arithmetic_reward, countdown_reward, math_reward, stated_answer  # noqa: E402
 from trl_alloc.tasks.builtin import build_dataset, check_countdown, generate_problems  # noqa: E402
 
 from helpers import ROOT  # noqa: E402
@@ -142,6 +142,27 @@ def test_math_reward_latex():
     got = math_reward([""] * len(golds), completions, answer=golds)
     assert got == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert math_reward(["", ""], ["\\boxed{1}", "\\boxed{1}"], answer=[None, "\\boxed{}"]) == [0.0, 0.0]
+
+
+def test_math_reward_grades_an_equation_on_its_stated_result():
+    """math-verify's plain-text extraction stops at "=": "The final answer is 10 + 23 = 22." parsed as 10 + 23 and
+    earned the reward (26.8% of held-out samples of one learning run stated such a wrong result). The stated
+    result is graded now, as math-verify grades the same equation in LaTeX."""
+    completions = [
+        "Hana has 10 cards.\nShe gets 23 more.\nThe final answer is 10 + 23 = 22.",  # from a learning run
+        "Hana has 10 cards.\nShe gets 23 more.\nThe final answer is 10 + 23 = 33.",
+        "The final answer is 10 + 23 = 33 cards.",
+        "The final answer is 10 + 23 = 22 = 33.",  # a chain: its last right-hand side
+        "The final answer is 10 + 23 =",  # cut at the token cap: no answer stated
+        "The final answer is 10 + 23\n= 22",
+        "The final answer is $10 + 23 = 22$.",  # LaTeX: math-verify's own right-hand side
+        "The final answer is \\boxed{33}.",
+        "So 10 + 23 = 33 cards.",
+    ]
+    got = math_reward([""] * len(completions), completions, answer=["33"] * len(completions))
+    assert got == [0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    assert stated_answer("The final answer is 10 + 23 = 22.")[1] == "22"
+    assert stated_answer("Ben has 33 cards.")[1] == "33"  # no equation: math-verify's parse as it is
 
 
 def test_reward_names():

@@ -110,6 +110,33 @@ def held_out_details(out: str, curve: Sequence[dict[str, Any]]) -> list[dict[str
     return points
 
 
+def regraded(record: dict[str, Any], out: str) -> dict[str, Any]:
+    """`record` with every held-out evaluation scored again by this commit's verifier from the samples that
+    `train.py` wrote (`out/eval/<when>/samples.jsonl`, `trl_alloc.evaluation.regrade`), the accuracy the run
+    measured kept as `accuracy_as_run`: a verifier fixed after the runs re-scores them without sampling again."""
+    from ..evaluation import regrade
+    from ..tasks.rewards import reward_for_task
+
+    points = []
+    for point in record["held_out_curve"]:
+        folder = os.path.join(out, "eval", point["when"])
+        if not os.path.isfile(os.path.join(folder, "samples.jsonl")):
+            raise FileNotFoundError(f"{record['method']} seed {record['seed']}: no samples in {folder} to regrade; "
+                                    "give --output_dir the folder whose train/ holds the run's train.py outputs")
+        with open(os.path.join(folder, "eval_results.json"), encoding="utf-8") as f:
+            verifier = reward_for_task(json.load(f)["info"]["answer_type"])
+        accuracy = regrade(os.path.join(folder, "samples.jsonl"), verifier)
+        points.append({**point, "accuracy": accuracy, "accuracy_as_run": point.get("accuracy_as_run",
+                                                                                  point["accuracy"])})
+    at = {p["when"]: p["accuracy"] for p in points}
+    return {**record, "held_out_curve": points,
+            "held_out_accuracy_before": at.get("before", record["held_out_accuracy_before"]),
+            "held_out_accuracy_after": at.get("after", points[-1]["accuracy"]),
+            "regraded": {"commit": code_commit(), "verifier": verifier.__name__,
+                         "accuracy_as_run_after": record.get("regraded", {}).get(
+                             "accuracy_as_run_after", record["held_out_accuracy_after"])}}
+
+
 def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, work_dir: str, eval_every: int,
             timeout: float | None = None, eval_every_responses: int = 0, save_steps: int = 0,
             heartbeat_s: float = 30.0) -> dict[str, Any]:

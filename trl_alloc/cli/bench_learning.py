@@ -8,6 +8,7 @@ works (`--dataset_name train.jsonl --test_dataset_name test.jsonl`).
     python scripts/bench_learning.py --report_only --runs_dir docs/data/learning_smollm2   # the table and plot only
     python scripts/bench_learning.py --report_only --runs_dir docs/data/learning_smollm2_pool64_onpolicy \
         --compare_sd_with docs/data/learning_smollm2_pool64   # and the seed-to-seed spread against another design
+    python scripts/bench_learning.py --runs_dir RUNS --output_dir OUT --regrade_into RUNS/regraded  # a fixed verifier
 
 Runs already in `--runs_dir` are kept and not run again: a later session adds seeds to the same folder. A run a
 stopped session interrupted resumes from its newest checkpoint (`--save_steps`), with its curve so far.
@@ -24,7 +25,7 @@ from typing import Any
 
 from ..allocation.allocator import json_default
 from ..benchmarks.learning import (STOCK, compare, held_out_details, load_runs, markdown_table, plot_curves,
-                                   power_lines, run_one, run_path, sd_comparison_lines, truncation_lines,
+                                   power_lines, regraded, run_one, run_path, sd_comparison_lines, truncation_lines,
                                    write_record)
 from ..benchmarks.methods import METHODS, parse_methods
 
@@ -58,9 +59,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, l
                    help="first add each evaluation's held-out cut share and mean length to the records in --runs_dir "
                    "that lack them (written before those fields existed), from their train.py outputs in "
                    "--output_dir/train; then report")
+    p.add_argument("--regrade_into", default=None, metavar="RUNS_DIR",
+                   help="score every held-out evaluation of the runs in --runs_dir again with this commit's verifier, "
+                   "from the samples in --output_dir/train, into new records in RUNS_DIR (each run's own accuracy "
+                   "kept as accuracy_as_run); then report those")
     args = p.parse_args(own)
     args.methods = parse_methods(p, args.methods)
-    args.report_only = args.report_only or args.add_held_out_details
+    args.report_only = args.report_only or args.add_held_out_details or bool(args.regrade_into)
     if STOCK not in args.methods and not args.report_only:
         p.error("--methods needs 'stock': every figure is paired against it")
     if not train_args and not args.report_only:
@@ -78,6 +83,22 @@ def add_held_out_details(runs_dir: str, work_dir: str) -> None:
         write_record(runs_dir, record)
         print(f"[bench_learning] {record['method']} seed {record['seed']}: held-out cut shares added from {out}",
               flush=True)
+
+
+def regrade_runs(runs_dir: str, work_dir: str, into: str) -> None:
+    """`regraded` records of every run in `runs_dir` (samples from `work_dir/<method>-s<seed>`) written to `into`."""
+    runs = load_runs(runs_dir)
+    if not runs:
+        raise SystemExit(f"--regrade_into: no runs in {runs_dir}")
+    for record in runs:
+        try:
+            new = regraded(record, os.path.join(work_dir, f"{record['method']}-s{record['seed']}"))
+        except FileNotFoundError as e:
+            raise SystemExit(f"--regrade_into: {e}") from None
+        write_record(into, new)
+        print(f"[bench_learning] {record['method']} seed {record['seed']}: held-out after "
+              f"{new['regraded']['accuracy_as_run_after']:.3f} as run, {new['held_out_accuracy_after']:.3f} "
+              f"regraded ({new['regraded']['verifier']})", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -98,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
                       flush=True)
     if args.add_held_out_details:
         add_held_out_details(args.runs_dir, os.path.join(args.output_dir, "train"))
+    if args.regrade_into:
+        regrade_runs(args.runs_dir, os.path.join(args.output_dir, "train"), args.regrade_into)
+        args.runs_dir = args.regrade_into
     runs = load_runs(args.runs_dir)
     if not runs:
         raise SystemExit(f"no runs in {args.runs_dir}")

@@ -38,6 +38,23 @@ def score_samples(reward_fn, dataset, samples: Samples) -> np.ndarray:
     return np.nan_to_num(r, nan=0.0)
 
 
+def regrade(samples_path: str, reward_fn) -> float:
+    """avg@k of a written ``samples.jsonl`` scored again by ``reward_fn`` on its stored prompts, ``answer`` and
+    completions: a corrected verifier applied to an evaluation without sampling it again."""
+    from trl.data_utils import is_conversational
+
+    with open(samples_path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if not rows:
+        raise ValueError(f"{samples_path} holds no samples; nothing to regrade.")
+    prompts = [r["prompt"] for r in rows for _ in r["completions"]]
+    texts = [t for r in rows for t in r["completions"]]
+    completions = ([[{"role": "assistant", "content": t}] for t in texts]
+                   if is_conversational({"prompt": prompts[0]}) else texts)
+    rewards = reward_fn(prompts, completions, answer=[r.get("answer") for r in rows for _ in r["completions"]])
+    return float(np.mean([0.0 if x is None or np.isnan(x) else float(x) for x in rewards]))
+
+
 def _call_score_fn(score_fn, prompts, completions, prompt_ids, completion_ids):
     try:
         params = inspect.signature(score_fn).parameters

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..allocation.arrol import rank_weights, weighted_majority_vote
 from ..allocation.success import SUCCESS_THRESHOLD, is_success
-from ..tasks.rewards import completion_text, extract_countdown_expression, extract_int, math_verify_timeout
+from ..tasks.rewards import (completion_text, extract_countdown_expression, extract_int, math_verify_timeout,
+                             stated_answer)
 
 # ---------------------------------------------------------------- metric math (pure)
 
@@ -143,10 +144,8 @@ def _countdown_answer(completion):
 
 
 def _math_answer(completion):
-    from math_verify import parse
-
     try:
-        parsed = parse(completion_text(completion), parsing_timeout=math_verify_timeout())
+        parsed = stated_answer(completion_text(completion), math_verify_timeout())
     except Exception:  # noqa: BLE001
         return None
     return parsed or None

@@ -16,6 +16,7 @@ from .builtin import check_countdown, parse_countdown_prompt
 
 _INT_RE = re.compile(r"-?\d+")
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+_EQUATION_TAIL_RE = re.compile(r"\s*=([^\n]*)")
 
 
 def completion_text(completion) -> str:
@@ -107,8 +108,30 @@ def math_verify_timeout():
     return None
 
 
+def stated_answer(text: str, timeout: float | None = None) -> list:
+    """math-verify's parse of the answer ``text`` states, an equation graded on its last right-hand side.
+
+    math-verify grades a LaTeX equation (``$69 + 50 = 120$``) on its right-hand side, but its plain-text
+    extraction stops at ``=``: "The final answer is 69 + 50 = 120." parses as ``69 + 50`` and would earn the
+    reward for a wrong result. Where the extracted text is followed by ``=``, the value after the line's last
+    ``=`` is parsed instead (nothing there, as in an answer cut at the token cap, states no answer).
+    """
+    from math_verify import parse
+
+    pred = parse(text, parsing_timeout=timeout)
+    if len(pred) < 2 or not isinstance(pred[1], str):
+        return pred
+    matched = pred[1].rstrip(". ")
+    at = text.rfind(matched) if matched else -1
+    tail = _EQUATION_TAIL_RE.match(text, at + len(matched)) if at >= 0 else None
+    if tail is None:
+        return pred
+    right = tail.group(1).split("=")[-1].strip()
+    return parse(right, parsing_timeout=timeout) if right else []
+
+
 def math_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
-    """1.0 iff ``math_verify.verify`` finds the completion equal to the gold ``answer``.
+    """1.0 iff ``math_verify.verify`` finds the completion's `stated_answer` equal to the gold ``answer``.
 
     The gold is wrapped in ``$...$`` unless it already carries LaTeX delimiters or ``\\boxed``.
     Timeouts (``signal.alarm``) are only used on the main thread, as in TRL's accuracy_reward.
@@ -124,7 +147,7 @@ def math_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
             if not gold_parsed:
                 out.append(0.0)
                 continue
-            pred = parse(completion_text(c), parsing_timeout=timeout)
+            pred = stated_answer(completion_text(c), timeout)
             out.append(float(bool(pred) and verify(gold_parsed, pred, timeout_seconds=timeout)))
         except Exception:  # noqa: BLE001 - a bad sample scores 0, never crashes a training step
             out.append(0.0)
