@@ -158,9 +158,13 @@ def test_math_reward_grades_an_equation_on_its_stated_result():
         "The final answer is $10 + 23 = 22$.",  # LaTeX: math-verify's own right-hand side
         "The final answer is \\boxed{33}.",
         "So 10 + 23 = 33 cards.",
+        "The final answer is 33, since 10 + 20 = 30.",  # the answer, then other arithmetic: the answer
     ]
     got = math_reward([""] * len(completions), completions, answer=["33"] * len(completions))
-    assert got == [0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    assert got == [0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    # math-verify stops at "x" too: "70 x 8 = 560" read as 70 refused a right answer
+    assert math_reward(["", ""], ["The final answer is 70 x 8 = 560 apples.", "The final answer is 1 x 14 = 14."],
+                       answer=["560", "14"]) == [1.0, 1.0]
     assert stated_answer("The final answer is 10 + 23 = 22.")[1] == "22"
     assert stated_answer("Ben has 33 cards.")[1] == "33"  # no equation: math-verify's parse as it is
 

@@ -16,7 +16,8 @@ from .builtin import check_countdown, parse_countdown_prompt
 
 _INT_RE = re.compile(r"-?\d+")
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
-_EQUATION_TAIL_RE = re.compile(r"\s*=([^\n]*)")
+# after an extracted answer: more of the same arithmetic on its line ("70 x 8"), then "= result"
+_EQUATION_TAIL_RE = re.compile(r"(?:[ \t+\-*/×xX·÷()^,]|\d|\.(?=\d))*\s*=([^\n]*)")
 
 
 def completion_text(completion) -> str:
@@ -112,18 +113,18 @@ def stated_answer(text: str, timeout: float | None = None) -> list:
     """math-verify's parse of the answer ``text`` states, an equation graded on its last right-hand side.
 
     math-verify grades a LaTeX equation (``$69 + 50 = 120$``) on its right-hand side, but its plain-text
-    extraction stops at ``=``: "The final answer is 69 + 50 = 120." parses as ``69 + 50`` and would earn the
-    reward for a wrong result. Where the extracted text is followed by ``=``, the value after the line's last
-    ``=`` is parsed instead (nothing there, as in an answer cut at the token cap, states no answer).
+    extraction stops at ``=`` (or at ``x``): "The final answer is 69 + 50 = 120." parses as ``69 + 50`` and would
+    earn the reward for a wrong result. Where the extracted text goes on with arithmetic and ``=``, the value after
+    the line's last ``=`` is parsed instead (nothing there, as in an answer cut at the token cap, states no answer).
     """
     from math_verify import parse
 
     pred = parse(text, parsing_timeout=timeout)
-    if len(pred) < 2 or not isinstance(pred[1], str):
+    if len(pred) < 2 or not isinstance(pred[1], str) or "\n" in pred[1]:
         return pred
     matched = pred[1].rstrip(". ")
-    at = text.rfind(matched) if matched else -1
-    tail = _EQUATION_TAIL_RE.match(text, at + len(matched)) if at >= 0 else None
+    places = list(re.finditer(rf"(?<![\w.]){re.escape(matched)}(?!\d)", text)) if matched else []
+    tail = _EQUATION_TAIL_RE.match(text, places[-1].end()) if places else None
     if tail is None:
         return pred
     right = tail.group(1).split("=")[-1].strip()
