@@ -218,6 +218,7 @@ def test_regrade_into_scores_each_evaluation_again_and_keeps_the_runs_accuracy(t
     assert [p["accuracy_as_run"] for p in saved["held_out_curve"]] == [p["accuracy"] for p in CURVE]
     assert (saved["held_out_accuracy_before"], saved["held_out_accuracy_after"]) == (0.25, 0.0)
     assert saved["regraded"]["verifier"] == "math_reward" and saved["regraded"]["accuracy_as_run_after"] == 0.25
+    assert saved["regraded"]["commit"] == code_commit()
     assert json.loads((runs / "stock-s0.json").read_text()) == stock  # the run's own record is left as it is
     assert "held-out after 0.250 as run, 0.000 regraded (math_reward)" in capsys.readouterr().out
     (work / "stock-s0" / "eval" / "round-8" / "samples.jsonl").unlink()

@@ -110,10 +110,11 @@ def held_out_details(out: str, curve: Sequence[dict[str, Any]]) -> list[dict[str
     return points
 
 
-def regraded(record: dict[str, Any], out: str) -> dict[str, Any]:
+def regraded(record: dict[str, Any], out: str, commit: str | None = None) -> dict[str, Any]:
     """`record` with every held-out evaluation scored again by this commit's verifier from the samples that
     `train.py` wrote (`out/eval/<when>/samples.jsonl`, `trl_alloc.evaluation.regrade`), the accuracy the run
-    measured kept as `accuracy_as_run`: a verifier fixed after the runs re-scores them without sampling again."""
+    measured kept as `accuracy_as_run`: a verifier fixed after the runs re-scores them without sampling again.
+    `commit`: the code's, taken before any record is written (default: `code_commit()` now)."""
     from ..evaluation import regrade
     from ..tasks.rewards import reward_for_task
 
@@ -132,7 +133,7 @@ def regraded(record: dict[str, Any], out: str) -> dict[str, Any]:
     return {**record, "held_out_curve": points,
             "held_out_accuracy_before": at.get("before", record["held_out_accuracy_before"]),
             "held_out_accuracy_after": at.get("after", points[-1]["accuracy"]),
-            "regraded": {"commit": code_commit(), "verifier": verifier.__name__,
+            "regraded": {"commit": commit or code_commit(), "verifier": verifier.__name__,
                          "accuracy_as_run_after": record.get("regraded", {}).get(
                              "accuracy_as_run_after", record["held_out_accuracy_after"])}}
 

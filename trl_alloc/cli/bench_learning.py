@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..allocation.allocator import json_default
-from ..benchmarks.learning import (STOCK, compare, held_out_details, load_runs, markdown_table, plot_curves,
-                                   power_lines, regraded, run_one, run_path, sd_comparison_lines, truncation_lines,
-                                   write_record)
+from ..benchmarks.learning import (STOCK, code_commit, compare, held_out_details, load_runs, markdown_table,
+                                   plot_curves, power_lines, regraded, run_one, run_path, sd_comparison_lines,
+                                   truncation_lines, write_record)
 from ..benchmarks.methods import METHODS, parse_methods
 
 
@@ -87,12 +87,12 @@ def add_held_out_details(runs_dir: str, work_dir: str) -> None:
 
 def regrade_runs(runs_dir: str, work_dir: str, into: str) -> None:
     """`regraded` records of every run in `runs_dir` (samples from `work_dir/<method>-s<seed>`) written to `into`."""
-    runs = load_runs(runs_dir)
+    runs, commit = load_runs(runs_dir), code_commit()  # (before writing: records in the repository would dirty it)
     if not runs:
         raise SystemExit(f"--regrade_into: no runs in {runs_dir}")
     for record in runs:
         try:
-            new = regraded(record, os.path.join(work_dir, f"{record['method']}-s{record['seed']}"))
+            new = regraded(record, os.path.join(work_dir, f"{record['method']}-s{record['seed']}"), commit)
         except FileNotFoundError as e:
             raise SystemExit(f"--regrade_into: {e}") from None
         write_record(into, new)
