@@ -19,40 +19,38 @@ from ..tasks.rewards import completion_text
 from .backends import Samples, generate_samples, tokenize_prompts
 from .metrics import AnswerSpec, compute_metrics, group_answers, vote
 
-def score_samples(reward_fn, dataset, samples: Samples) -> np.ndarray:
-    """(P, n) rewards: ``reward_fn(prompts, completions, **columns)`` over all samples at once (each
-    dataset column repeated n times, as TRL passes them)."""
+def score_texts(reward_fn, prompts: list, texts: list[list[str]], columns: dict[str, list]) -> np.ndarray:
+    """(P, n) rewards: ``reward_fn(prompts, completions, **columns)`` over n texts per prompt at once (each prompt
+    and column value repeated n times, as TRL passes them; a conversational prompt's texts as assistant messages)."""
     from trl.data_utils import is_conversational
 
-    P = len(samples.texts)
-    n = len(samples.texts[0]) if P else 0
-    rows = dataset[:P]
-    prompts = list(rows["prompt"])
+    P = len(texts)
+    n = len(texts[0]) if P else 0
     conversational = bool(prompts) and is_conversational({"prompt": prompts[0]})
-    flat_prompts = [p for p in prompts for _ in range(n)]
-    flat = [t for ts in samples.texts for t in ts]
+    flat = [t for ts in texts for t in ts]
     completions = [[{"role": "assistant", "content": t}] for t in flat] if conversational else flat
-    cols = {c: [v for v in vals for _ in range(n)] for c, vals in rows.items() if c != "prompt"}
-    rewards = reward_fn(flat_prompts, completions, **cols)
+    cols = {c: [v for v in vals for _ in range(n)] for c, vals in columns.items()}
+    rewards = reward_fn([p for p in prompts for _ in range(n)], completions, **cols)
     r = np.array([np.nan if x is None else float(x) for x in rewards], dtype=float).reshape(P, n)
     return np.nan_to_num(r, nan=0.0)
+
+
+def score_samples(reward_fn, dataset, samples: Samples) -> np.ndarray:
+    """(P, n) rewards of ``samples`` on the first P rows of ``dataset`` (`score_texts`, with every dataset column)."""
+    rows = dataset[:len(samples.texts)]
+    return score_texts(reward_fn, list(rows["prompt"]), samples.texts,
+                       {c: vals for c, vals in rows.items() if c != "prompt"})
 
 
 def regrade(samples_path: str, reward_fn) -> float:
     """avg@k of a written ``samples.jsonl`` scored again by ``reward_fn`` on its stored prompts, ``answer`` and
     completions: a corrected verifier applied to an evaluation without sampling it again."""
-    from trl.data_utils import is_conversational
-
     with open(samples_path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     if not rows:
         raise ValueError(f"{samples_path} holds no samples; nothing to regrade.")
-    prompts = [r["prompt"] for r in rows for _ in r["completions"]]
-    texts = [t for r in rows for t in r["completions"]]
-    completions = ([[{"role": "assistant", "content": t}] for t in texts]
-                   if is_conversational({"prompt": prompts[0]}) else texts)
-    rewards = reward_fn(prompts, completions, answer=[r.get("answer") for r in rows for _ in r["completions"]])
-    return float(np.mean([0.0 if x is None or np.isnan(x) else float(x) for x in rewards]))
+    return float(score_texts(reward_fn, [r["prompt"] for r in rows], [r["completions"] for r in rows],
+                             {"answer": [r.get("answer") for r in rows]}).mean())
 
 
 def _call_score_fn(score_fn, prompts, completions, prompt_ids, completion_ids):
