@@ -71,6 +71,19 @@ def test_the_record_names_the_commit_of_the_code_that_ran():
     assert commit is not None and commit.removesuffix("-dirty") == head and len(head) == 40
 
 
+def test_the_record_names_the_machine_that_ran():
+    """The CPU, its cores and the instruction set torch dispatches to: floats, and RL trajectories, differ by them."""
+    import torch
+
+    from trl_alloc.benchmarks.learning import machine
+
+    got = machine()
+    assert got["isa"] == torch.backends.cpu.get_cpu_capability() and got["cores"] == os.cpu_count()
+    assert isinstance(got["cpu"], str) and got["cpu"] and got["amx"] == torch.cpu._is_amx_tile_supported()
+    assert got["gpu"] is None or got["gpu"] == torch.cuda.get_device_name(0)
+    assert json.loads(json.dumps(got)) == got  # as a record keeps it
+
+
 def record(method, seed, curve, effective_groups=10):
     return {"method": method, "seed": seed, "held_out_accuracy_after": curve[-1]["accuracy"],
             "held_out_curve": curve, "effective_groups": effective_groups, "responses_spent": curve[-1]["responses"],
@@ -224,6 +237,13 @@ def test_regrade_into_scores_each_evaluation_again_and_keeps_the_runs_accuracy(t
     (work / "stock-s0" / "eval" / "round-8" / "samples.jsonl").unlink()
     with pytest.raises(SystemExit, match="no samples in .*round-8 to regrade"):
         main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "x")])
+    # samples gone (another machine's run): the record already regraded from them is kept, as it was
+    main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "new")])
+    assert json.loads((tmp_path / "new" / "stock-s0.json").read_text()) == saved
+    assert "no samples here; the record in" in capsys.readouterr().out
+    (runs / "stock-s0.json").write_text(json.dumps(dict(stock, held_out_accuracy_after=0.30)))  # a run done again
+    with pytest.raises(SystemExit, match="round-8 to regrade.*regraded another run of it"):
+        main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "new")])
 
 
 def test_method_flags_are_train_script_stages():
@@ -295,7 +315,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_with_its_curve(tmp_path)
     seconds) continues, no new "before" is evaluated, and the record says where it resumed."""
     import shutil
 
-    from trl_alloc.benchmarks.learning import run_one
+    from trl_alloc.benchmarks.learning import machine, run_one
     from trl_alloc.tasks.tiny import get_tiny_model_dir
 
     train_args = ["--config", str(ROOT / "configs" / "tiny_cpu.yaml"),
@@ -311,6 +331,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_with_its_curve(tmp_path)
     resumed = run_one("stock", 0, train_args, str(tmp_path / "runs_b"), str(tmp_path / "b"), eval_every=1,
                       save_steps=2)
     assert resumed["resumed_at_steps"] == [2] and whole["resumed_at_steps"] == []
+    assert resumed["machines"] == whole["machines"] == [machine()]  # one machine, named once for both parts
     curve = resumed["held_out_curve"]
     assert curve[:3] == kept["points"]  # the kept points, as they were
     assert [p["when"] for p in curve] == [p["when"] for p in whole["held_out_curve"]]

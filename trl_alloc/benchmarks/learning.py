@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -56,6 +57,21 @@ def code_commit() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def machine() -> dict[str, Any]:
+    """What a run computes on: the CPU's model and cores, the instruction set torch dispatches to ("AVX2",
+    "AVX512", ...), whether the CPU has AMX, and the GPU where there is one. Floats, and so RL trajectories,
+    differ between these; a paired comparison whose runs differ in them carries that difference too."""
+    import torch
+
+    model = platform.processor()
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    return {"cpu": model or platform.machine(), "cores": os.cpu_count(),
+            "isa": torch.backends.cpu.get_cpu_capability(), "amx": bool(torch.cpu._is_amx_tile_supported()),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def interrupted_at(out: str) -> int | None:
@@ -142,10 +158,11 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
             timeout: float | None = None, eval_every_responses: int = 0, save_steps: int = 0,
             heartbeat_s: float = 30.0) -> dict[str, Any]:
     """One `train.py` run of `method` at `seed` (its output in `work_dir/<method>-s<seed>`); its record (settings,
-    code commit, engine, curve, allocation summary, wall seconds) is written to the runs folder and returned.
-    With `save_steps`, the run keeps its newest checkpoint (with its curve so far) every `save_steps` optimizer steps,
-    and a run that a stopped session interrupted resumes from it; the record lists the steps it resumed at. Its
-    seconds so far are kept every `heartbeat_s` (`<run>.progress.json`), so an interrupted part's count too."""
+    code commit, `machine()` of each part, engine, curve, allocation summary, wall seconds) is written to the runs
+    folder and returned. With `save_steps`, the run keeps its newest checkpoint (with its curve so far) every
+    `save_steps` optimizer steps, and a run that a stopped session interrupted resumes from it; the record lists the
+    steps it resumed at. Its seconds so far are kept every `heartbeat_s` (`<run>.progress.json`), so an interrupted
+    part's count too."""
     out = os.path.join(work_dir, f"{method}-s{seed}")
     cmd = [sys.executable, TRAIN_SCRIPT, *train_args, *method_flags(method), "--seed", str(seed),
            "--output_dir", out, "--eval_every", str(eval_every), "--eval_every_responses", str(eval_every_responses)]
@@ -153,7 +170,7 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
         cmd += ["--save_strategy", "steps", "--save_steps", str(save_steps)]
         cmd += [] if "--save_total_limit" in train_args else ["--save_total_limit", "1"]
     progress_path = out + ".progress.json"  # the seconds and resumptions of the run's earlier, interrupted parts
-    progress = {"wall_s": 0.0, "resumed_at_steps": [], "commits": []}
+    progress = {"wall_s": 0.0, "resumed_at_steps": [], "commits": [], "machines": []}
     step = interrupted_at(out) if save_steps else None
     if step is not None and os.path.isfile(progress_path):
         with open(progress_path, encoding="utf-8") as f:
@@ -163,6 +180,8 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
         progress["resumed_at_steps"].append(step)
     commit = code_commit()
     progress["commits"].append(commit)
+    if machine() not in progress.setdefault("machines", []):
+        progress["machines"].append(machine())
     os.makedirs(work_dir, exist_ok=True)
     with open(out + ".log", "a" if step is not None else "w", encoding="utf-8") as log:
         returncode = _run_counting_seconds(cmd, log, progress, progress_path, timeout, heartbeat_s)
@@ -181,6 +200,7 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
             "held_out_samples", "held_out_backend", "held_out_curve", "budget_responses", "methods")
     record = {"method": method, "seed": seed, "commit": commit, "command": cmd[1:], "wall_s": wall_s,
               "resumed_at_steps": progress["resumed_at_steps"], "commits": sorted(set(progress["commits"]) - {None}),
+              "machines": progress["machines"],
               **{k: summary.get(k) for k in keys}}
     record["held_out_curve"] = held_out_details(out, record["held_out_curve"])
     write_record(runs_dir, record)

@@ -86,15 +86,25 @@ def add_held_out_details(runs_dir: str, work_dir: str) -> None:
 
 
 def regrade_runs(runs_dir: str, work_dir: str, into: str) -> None:
-    """`regraded` records of every run in `runs_dir` (samples from `work_dir/<method>-s<seed>`) written to `into`."""
+    """`regraded` records of every run in `runs_dir` (samples from `work_dir/<method>-s<seed>`) written to `into`.
+    A run whose samples are gone (another machine's, an earlier session's) keeps the record `into` already holds
+    for it, if that record regraded this very run (its commit and its as-run final accuracy)."""
     runs, commit = load_runs(runs_dir), code_commit()  # (before writing: records in the repository would dirty it)
     if not runs:
         raise SystemExit(f"--regrade_into: no runs in {runs_dir}")
+    earlier = {(r["method"], r["seed"]): r for r in load_runs(into) if "regraded" in r}
     for record in runs:
         try:
             new = regraded(record, os.path.join(work_dir, f"{record['method']}-s{record['seed']}"), commit)
         except FileNotFoundError as e:
-            raise SystemExit(f"--regrade_into: {e}") from None
+            kept = earlier.get((record["method"], record["seed"]))
+            if kept is None or (kept.get("commit"), kept["regraded"]["accuracy_as_run_after"]) != (
+                    record.get("commit"), record["held_out_accuracy_after"]):
+                raise SystemExit(f"--regrade_into: {e}" + ("" if kept is None else f"; the record in {into} "
+                                 "regraded another run of it (its commit or final accuracy differ)")) from None
+            print(f"[bench_learning] {record['method']} seed {record['seed']}: no samples here; the record in {into} "
+                  f"(regraded at {kept['regraded']['commit']}) is kept", flush=True)
+            continue
         write_record(into, new)
         print(f"[bench_learning] {record['method']} seed {record['seed']}: held-out after "
               f"{new['regraded']['accuracy_as_run_after']:.3f} as run, {new['held_out_accuracy_after']:.3f} "
