@@ -178,10 +178,10 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
     if step is not None:
         cmd += ["--resume_from_checkpoint", "true"]
         progress["resumed_at_steps"].append(step)
-    commit = code_commit()
+    commit, this_machine = code_commit(), machine()
     progress["commits"].append(commit)
-    if machine() not in progress.setdefault("machines", []):
-        progress["machines"].append(machine())
+    if this_machine not in progress.setdefault("machines", []):  # (progress files older than `machines` lack it)
+        progress["machines"].append(this_machine)
     os.makedirs(work_dir, exist_ok=True)
     with open(out + ".log", "a" if step is not None else "w", encoding="utf-8") as log:
         returncode = _run_counting_seconds(cmd, log, progress, progress_path, timeout, heartbeat_s)
