@@ -234,6 +234,13 @@ def test_regrade_into_scores_each_evaluation_again_and_keeps_the_runs_accuracy(t
     assert saved["regraded"]["commit"] == code_commit()
     assert json.loads((runs / "stock-s0.json").read_text()) == stock  # the run's own record is left as it is
     assert "held-out after 0.250 as run, 0.000 regraded (math_reward)" in capsys.readouterr().out
+    # regraded again at a later commit, to the same figures: the record stays as first written, with its commit
+    (tmp_path / "new" / "stock-s0.json").write_text(json.dumps(dict(saved, regraded=dict(saved["regraded"],
+                                                                                           commit="0" * 40))))
+    main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "new")])
+    assert json.loads((tmp_path / "new" / "stock-s0.json").read_text())["regraded"]["commit"] == "0" * 40
+    assert "regraded as before; the record in" in capsys.readouterr().out
+    (tmp_path / "new" / "stock-s0.json").write_text(json.dumps(saved))
     (work / "stock-s0" / "eval" / "round-8" / "samples.jsonl").unlink()
     with pytest.raises(SystemExit, match="no samples in .*round-8 to regrade"):
         main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "x")])

@@ -88,22 +88,27 @@ def add_held_out_details(runs_dir: str, work_dir: str) -> None:
 def regrade_runs(runs_dir: str, work_dir: str, into: str) -> None:
     """`regraded` records of every run in `runs_dir` (samples from `work_dir/<method>-s<seed>`) written to `into`.
     A run whose samples are gone (another machine's, an earlier session's) keeps the record `into` already holds
-    for it, if that record regraded this very run (its commit and its as-run final accuracy)."""
+    for it, if that record regraded this very run (its commit and its as-run final accuracy); a record that
+    regrades to the same figures is kept as it is, with the commit that first regraded it."""
     runs, commit = load_runs(runs_dir), code_commit()  # (before writing: records in the repository would dirty it)
     if not runs:
         raise SystemExit(f"--regrade_into: no runs in {runs_dir}")
     earlier = {(r["method"], r["seed"]): r for r in load_runs(into) if "regraded" in r}
     for record in runs:
+        kept = earlier.get((record["method"], record["seed"]))
         try:
             new = regraded(record, os.path.join(work_dir, f"{record['method']}-s{record['seed']}"), commit)
         except FileNotFoundError as e:
-            kept = earlier.get((record["method"], record["seed"]))
             if kept is None or (kept.get("commit"), kept["regraded"]["accuracy_as_run_after"]) != (
                     record.get("commit"), record["held_out_accuracy_after"]):
                 raise SystemExit(f"--regrade_into: {e}" + ("" if kept is None else f"; the record in {into} "
                                  "regraded another run of it (its commit or final accuracy differ)")) from None
             print(f"[bench_learning] {record['method']} seed {record['seed']}: no samples here; the record in {into} "
                   f"(regraded at {kept['regraded']['commit']}) is kept", flush=True)
+            continue
+        if kept is not None and kept == dict(new, regraded=dict(new["regraded"], commit=kept["regraded"]["commit"])):
+            print(f"[bench_learning] {record['method']} seed {record['seed']}: regraded as before; the record in "
+                  f"{into} (regraded at {kept['regraded']['commit']}) is kept", flush=True)
             continue
         write_record(into, new)
         print(f"[bench_learning] {record['method']} seed {record['seed']}: held-out after "
