@@ -111,6 +111,8 @@ def test_compare_pairs_each_seed_against_stocks_final_accuracy():
     assert rows["cero_sara"]["spend_share"]["mean"] == pytest.approx((1.0 + 100 / 300) / 2)
     [line] = power_lines(rows)
     assert line.startswith("cero_sara: Δ endpoint paired SD")
+    slow = compare([r for r in runs if r["seed"] == 1])  # the seeds that never reach stock's final are counted
+    assert "| never (1 of 1) |" in markdown_table(slow).splitlines()[-1]
     assert f"needs {seeds_for_half_width(d['sd'], 0.04)} seeds" in line
 
 

@@ -329,7 +329,7 @@ def compare(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _interval(p: dict[str, Any], spec: str, scale: float = 1.0, sign: bool = False) -> str:
     if p["mean"] is None:
-        return "never" if p["n_inf"] else "-"
+        return f"never ({p['n_inf']} of {p['n_inf']})" if p["n_inf"] else "-"
     s = f"{p['mean'] * scale:{'+' if sign else ''}{spec}}"
     if p["n"] > 1:
         s += f" [{p['low'] * scale:{'+' if sign else ''}{spec}}, {p['high'] * scale:{'+' if sign else ''}{spec}}]"
