@@ -250,6 +250,19 @@ def test_regrade_into_scores_each_evaluation_again_and_keeps_the_runs_accuracy(t
     main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "new")])
     assert json.loads((tmp_path / "new" / "stock-s0.json").read_text()) == saved
     assert "no samples here; the record in" in capsys.readouterr().out
+    # numbers only: "10 + 23" (the before point's wrong ones are "= 22") states no number and scores 0 there
+    (work / "stock-s0" / "eval" / "round-8" / "samples.jsonl").write_text(json.dumps(
+        {"prompt": prompt, "answer": "33", "completions": ["Hana has 10 + 23 cards."] * 3 + ["She has 33."]}) + "\n")
+    main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "num"),
+          "--regrade_verifier", "math_number_reward"])
+    strict = json.loads((tmp_path / "num" / "stock-s0.json").read_text())
+    assert [p["accuracy"] for p in strict["held_out_curve"]] == [0.25, 0.5, 0.25, 0.0]
+    assert strict["regraded"]["verifier"] == "math_number_reward"
+    with pytest.raises(SystemExit):  # the verifier of --regrade_into only
+        main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_verifier",
+              "math_number_reward"])
+    assert "give --regrade_into RUNS_DIR too" in capsys.readouterr().err
+    (work / "stock-s0" / "eval" / "round-8" / "samples.jsonl").unlink()
     (runs / "stock-s0.json").write_text(json.dumps(dict(stock, held_out_accuracy_after=0.30)))  # a run done again
     with pytest.raises(SystemExit, match="round-8 to regrade.*regraded another run of it"):
         main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "new")])

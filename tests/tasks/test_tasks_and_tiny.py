@@ -14,7 +14,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from trl_alloc.tasks.rewards import arithmetic_reward, countdown_reward, math_reward, stated_answer  # noqa: E402
+from trl_alloc.tasks.rewards import (arithmetic_reward, countdown_reward, math_number_reward, math_reward,  # noqa: E402
+                                     stated_answer)
 from trl_alloc.tasks.builtin import build_dataset, check_countdown, generate_problems  # noqa: E402
 
 from helpers import ROOT  # noqa: E402
@@ -167,6 +168,26 @@ def test_math_reward_grades_an_equation_on_its_stated_result():
                        answer=["560", "14"]) == [1.0, 1.0]
     assert stated_answer("The final answer is 10 + 23 = 22.")[1] == "22"
     assert stated_answer("Ben has 33 cards.")[1] == "33"  # no equation: math-verify's parse as it is
+
+
+def test_math_number_reward_refuses_an_expression_left_for_the_verifier():
+    """A learning run (SARA, seed 4) learned to stop at "90 - 4": math-verify evaluates it to the gold, so
+    `math_reward` pays it (as TRL's accuracy_reward would); `math_number_reward` pays numbers only."""
+    completions = [
+        "Dara gives 4 stickers away, so Dara has 90 - 4 stickers left.",  # from the run
+        "Jo has 90 stickers, so Jo has 90 - 4 stickers left.\n\nThe final answer is 90 - 4 stickers.",
+        "Dara has 90 - 4 = 86 stickers left.",
+        "The final answer is \\boxed{86}.",
+        "The final answer is 86.",
+        "The final answer is 90 - 4 = 85.",
+    ]
+    golds = ["86"] * len(completions)
+    assert math_reward([""] * 6, completions, answer=golds) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+    assert math_number_reward([""] * 6, completions, answer=golds) == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+    # fractions, decimals, negatives and thousands separators are numbers
+    assert math_number_reward([""] * 4, ["The answer is $\\frac{1}{2}$.", "The final answer is 0.5.",
+                                         "The final answer is -3.", "So the total is 1,234 apples."],
+                              answer=["1/2", "0.5", "-3", "1234"]) == [1.0, 1.0, 1.0, 1.0]
 
 
 def test_reward_names():

@@ -126,13 +126,16 @@ def held_out_details(out: str, curve: Sequence[dict[str, Any]]) -> list[dict[str
     return points
 
 
-def regraded(record: dict[str, Any], out: str, commit: str | None = None) -> dict[str, Any]:
+def regraded(record: dict[str, Any], out: str, commit: str | None = None, verifier=None) -> dict[str, Any]:
     """`record` with every held-out evaluation scored again by this commit's verifier from the samples that
     `train.py` wrote (`out/eval/<when>/samples.jsonl`, `trl_alloc.evaluation.regrade`), the accuracy the run
     measured kept as `accuracy_as_run`: a verifier fixed after the runs re-scores them without sampling again.
-    `commit`: the code's, taken before any record is written (default: `code_commit()` now)."""
+    `commit`: the code's, taken before any record is written (default: `code_commit()` now); `verifier`: a reward
+    function (default: the task's own, `reward_for_task`)."""
     from ..evaluation import regrade
     from ..tasks.rewards import reward_for_task
+
+    task_verifier = verifier is None
 
     points = []
     for point in record["held_out_curve"]:
@@ -140,8 +143,9 @@ def regraded(record: dict[str, Any], out: str, commit: str | None = None) -> dic
         if not os.path.isfile(os.path.join(folder, "samples.jsonl")):
             raise FileNotFoundError(f"{record['method']} seed {record['seed']}: no samples in {folder} to regrade; "
                                     "give --output_dir the folder whose train/ holds the run's train.py outputs")
-        with open(os.path.join(folder, "eval_results.json"), encoding="utf-8") as f:
-            verifier = reward_for_task(json.load(f)["info"]["answer_type"])
+        if task_verifier:
+            with open(os.path.join(folder, "eval_results.json"), encoding="utf-8") as f:
+                verifier = reward_for_task(json.load(f)["info"]["answer_type"])
         accuracy = regrade(os.path.join(folder, "samples.jsonl"), verifier)
         points.append({**point, "accuracy": accuracy, "accuracy_as_run": point.get("accuracy_as_run",
                                                                                   point["accuracy"])})

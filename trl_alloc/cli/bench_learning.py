@@ -28,6 +28,7 @@ from ..benchmarks.learning import (STOCK, code_commit, compare, held_out_details
                                    plot_curves, power_lines, regraded, run_one, run_path, sd_comparison_lines,
                                    truncation_lines, write_record)
 from ..benchmarks.methods import METHODS, parse_methods
+from ..tasks.rewards import VERIFIERS
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -63,9 +64,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, l
                    help="score every held-out evaluation of the runs in --runs_dir again with this commit's verifier, "
                    "from the samples in --output_dir/train, into new records in RUNS_DIR (each run's own accuracy "
                    "kept as accuracy_as_run); then report those")
+    p.add_argument("--regrade_verifier", default=None, choices=sorted(VERIFIERS),
+                   help="the verifier --regrade_into scores with (default: each task's own, e.g. math_reward); "
+                   "math_number_reward pays an answer only where it states a number, not an expression such as "
+                   "'90 - 4' that math-verify evaluates for it")
     args = p.parse_args(own)
     args.methods = parse_methods(p, args.methods)
     args.report_only = args.report_only or args.add_held_out_details or bool(args.regrade_into)
+    if args.regrade_verifier and not args.regrade_into:
+        p.error("--regrade_verifier chooses the verifier of --regrade_into: give --regrade_into RUNS_DIR too")
     if STOCK not in args.methods and not args.report_only:
         p.error("--methods needs 'stock': every figure is paired against it")
     if not train_args and not args.report_only:
@@ -85,7 +92,7 @@ def add_held_out_details(runs_dir: str, work_dir: str) -> None:
               flush=True)
 
 
-def regrade_runs(runs_dir: str, work_dir: str, into: str) -> None:
+def regrade_runs(runs_dir: str, work_dir: str, into: str, verifier: str | None = None) -> None:
     """`regraded` records of every run in `runs_dir` (samples from `work_dir/<method>-s<seed>`) written to `into`.
     A run whose samples are gone (another machine's, an earlier session's) keeps the record `into` already holds
     for it, if that record regraded this very run (its commit and its as-run final accuracy); a record that
@@ -97,7 +104,8 @@ def regrade_runs(runs_dir: str, work_dir: str, into: str) -> None:
     for record in runs:
         kept = earlier.get((record["method"], record["seed"]))
         try:
-            new = regraded(record, os.path.join(work_dir, f"{record['method']}-s{record['seed']}"), commit)
+            new = regraded(record, os.path.join(work_dir, f"{record['method']}-s{record['seed']}"), commit,
+                           VERIFIERS[verifier] if verifier else None)
         except FileNotFoundError as e:
             if kept is None or (kept.get("commit"), kept["regraded"]["accuracy_as_run_after"]) != (
                     record.get("commit"), record["held_out_accuracy_after"]):
@@ -135,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     if args.add_held_out_details:
         add_held_out_details(args.runs_dir, os.path.join(args.output_dir, "train"))
     if args.regrade_into:
-        regrade_runs(args.runs_dir, os.path.join(args.output_dir, "train"), args.regrade_into)
+        regrade_runs(args.runs_dir, os.path.join(args.output_dir, "train"), args.regrade_into, args.regrade_verifier)
         args.runs_dir = args.regrade_into
     runs = load_runs(args.runs_dir)
     if not runs:

@@ -137,6 +137,17 @@ def math_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
     The gold is wrapped in ``$...$`` unless it already carries LaTeX delimiters or ``\\boxed``.
     Timeouts (``signal.alarm``) are only used on the main thread, as in TRL's accuracy_reward.
     """
+    return _math_scores(completions, answer, numbers_only=False)
+
+
+def math_number_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
+    """`math_reward` for answers that must be numbers: an answer stated as an expression ("so Dara has 90 - 4
+    stickers left.") leaves the arithmetic to the verifier, which `math_reward` pays (math-verify evaluates
+    ``90 - 4``, as TRL's accuracy_reward does); here it scores 0. A fraction or a decimal is a number."""
+    return _math_scores(completions, answer, numbers_only=True)
+
+
+def _math_scores(completions, answer, numbers_only: bool) -> list[float]:
     from math_verify import parse, verify
 
     timeout = math_verify_timeout()
@@ -149,6 +160,9 @@ def math_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
                 out.append(0.0)
                 continue
             pred = stated_answer(completion_text(c), timeout)
+            if numbers_only and not (pred and getattr(pred[0], "is_Number", False)):
+                out.append(0.0)
+                continue
             out.append(float(bool(pred) and verify(gold_parsed, pred, timeout_seconds=timeout)))
         except Exception:  # noqa: BLE001 - a bad sample scores 0, never crashes a training step
             out.append(0.0)
@@ -159,9 +173,11 @@ def math_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
 arithmetic_reward.__name__ = "arithmetic_reward"
 countdown_reward.__name__ = "countdown_reward"
 math_reward.__name__ = "math_reward"
+math_number_reward.__name__ = "math_number_reward"
 
 # trl-alloc's correctness verifiers: the default success signal of the trainers (`success_reward_funcs`)
-for _verifier in (arithmetic_reward, countdown_reward, math_reward):
+VERIFIERS = {f.__name__: f for f in (arithmetic_reward, countdown_reward, math_reward, math_number_reward)}
+for _verifier in VERIFIERS.values():
     _verifier.trl_alloc_verifier = True
 
 REWARDS = {"arithmetic": arithmetic_reward, "countdown": countdown_reward, "math": math_reward}
