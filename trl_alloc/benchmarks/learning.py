@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..allocation.allocator import json_default
@@ -126,7 +126,8 @@ def held_out_details(out: str, curve: Sequence[dict[str, Any]]) -> list[dict[str
     return points
 
 
-def regraded(record: dict[str, Any], out: str, commit: str | None = None, verifier=None) -> dict[str, Any]:
+def regraded(record: dict[str, Any], out: str, commit: str | None = None,
+             verifier: Callable[..., list[float]] | None = None) -> dict[str, Any]:
     """`record` with every held-out evaluation scored again by this commit's verifier from the samples that
     `train.py` wrote (`out/eval/<when>/samples.jsonl`, `trl_alloc.evaluation.regrade`), the accuracy the run
     measured kept as `accuracy_as_run`: a verifier fixed after the runs re-scores them without sampling again.
