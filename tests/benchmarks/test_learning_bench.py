@@ -263,6 +263,15 @@ def test_regrade_into_scores_each_evaluation_again_and_keeps_the_runs_accuracy(t
               "math_number_reward"])
     assert "give --regrade_into RUNS_DIR too" in capsys.readouterr().err
     (work / "stock-s0" / "eval" / "round-8" / "samples.jsonl").unlink()
+    # samples gone: a record regraded with another verifier than asked for is not taken as this regrade
+    with pytest.raises(SystemExit, match="round-8 to regrade.*regraded with math_number_reward, not each task's own"):
+        main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "num")])
+    with pytest.raises(SystemExit, match="regraded with math_reward, not math_number_reward"):
+        main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "new"),
+              "--regrade_verifier", "math_number_reward"])
+    main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "num"),
+          "--regrade_verifier", "math_number_reward"])
+    assert json.loads((tmp_path / "num" / "stock-s0.json").read_text()) == strict
     (runs / "stock-s0.json").write_text(json.dumps(dict(stock, held_out_accuracy_after=0.30)))  # a run done again
     with pytest.raises(SystemExit, match="round-8 to regrade.*regraded another run of it"):
         main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "new")])

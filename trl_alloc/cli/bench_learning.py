@@ -28,7 +28,7 @@ from ..benchmarks.learning import (STOCK, code_commit, compare, held_out_details
                                    plot_curves, power_lines, regraded, run_one, run_path, sd_comparison_lines,
                                    truncation_lines, write_record)
 from ..benchmarks.methods import METHODS, parse_methods
-from ..tasks.rewards import VERIFIERS
+from ..tasks.rewards import REWARDS, VERIFIERS
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -95,12 +95,15 @@ def add_held_out_details(runs_dir: str, work_dir: str) -> None:
 def regrade_runs(runs_dir: str, work_dir: str, into: str, verifier: str | None = None) -> None:
     """`regraded` records of every run in `runs_dir` (samples from `work_dir/<method>-s<seed>`) written to `into`.
     A run whose samples are gone (another machine's, an earlier session's) keeps the record `into` already holds
-    for it, if that record regraded this very run (its commit and its as-run final accuracy); a record that
+    for it, if that record regraded this very run (its commit and its as-run final accuracy) with this verifier
+    (`verifier`, or each task's own when None); a record that
     regrades to the same figures is kept as it is, with the commit that first regraded it."""
     runs, commit = load_runs(runs_dir), code_commit()  # (before writing: records in the repository would dirty it)
     if not runs:
         raise SystemExit(f"--regrade_into: no runs in {runs_dir}")
     earlier = {(r["method"], r["seed"]): r for r in load_runs(into) if "regraded" in r}
+    verifiers = {verifier} if verifier else {f.__name__ for f in REWARDS.values()}  # (None: each task's own)
+    asked = verifier or "each task's own"
     for record in runs:
         kept = earlier.get((record["method"], record["seed"]))
         try:
@@ -111,6 +114,10 @@ def regrade_runs(runs_dir: str, work_dir: str, into: str, verifier: str | None =
                     record.get("commit"), record["held_out_accuracy_after"]):
                 raise SystemExit(f"--regrade_into: {e}" + ("" if kept is None else f"; the record in {into} "
                                  "regraded another run of it (its commit or final accuracy differ)")) from None
+            if kept["regraded"]["verifier"] not in verifiers:
+                raise SystemExit(f"--regrade_into: {e}; the record in {into} was regraded with "
+                                 f"{kept['regraded']['verifier']}, not {asked}: regrade "
+                                 "into another folder, or on the machine that holds the samples") from None
             print(f"[bench_learning] {record['method']} seed {record['seed']}: no samples here; the record in {into} "
                   f"(regraded at {kept['regraded']['commit']}) is kept", flush=True)
             continue
