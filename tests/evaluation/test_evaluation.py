@@ -245,6 +245,26 @@ def test_eval_script_writes_table_and_json(tiny_random_dir, tmp_path, capsys):
     assert set(saved["metrics"]) == {"1", "2"} and saved["info"]["num_prompts"] == 4
     assert (out / "eval_table.md").read_text().strip() == saved["table"].strip()
     assert res.metrics[2]["pass"] >= res.metrics[1]["pass"]
+    assert (saved["info"]["reward"], saved["info"]["answer_type"]) == ("arithmetic_reward", "arithmetic")
+
+
+def test_eval_script_scores_numbers_only_with_reward_math_number(tiny_random_dir, tmp_path):
+    """--reward math_number: math answers extracted as math, a stated expression ("90 - 4") scores 0."""
+    from trl_alloc.tasks.data import reward_for_dataset
+
+    data = tmp_path / "stickers.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Dara has 90 stickers and gives {k} away. How many are left?",
+                                        "answer": str(90 - k)}) + "\n" for k in (4, 5)))
+    res = _load_eval_script().main(["--model", tiny_random_dir, "--dataset", str(data), "--reward", "math_number",
+                                    "--k", "1", "--max_new_tokens", "2", "--no_progress",
+                                    "--output_dir", str(tmp_path / "eval")])
+    assert (res.info["reward"], res.info["answer_type"]) == ("math_number_reward", "math")
+    reward = reward_for_dataset(str(data), "math_number")  # what train.py --reward math_number trains with
+    assert reward.__name__ == "math_number_reward"
+    assert reward(["", ""], ["so Dara has 90 - 4 stickers left.", "Dara has 86 stickers left."],
+                  answer=["86", "86"]) == [0.0, 1.0]
+    with pytest.raises(ValueError, match="no reward for task 'numbers'.*'math_number'"):
+        reward_for_dataset(str(data), "numbers")
 
 
 def test_eval_script_head_column(tiny_random_dir, tmp_path, capsys):

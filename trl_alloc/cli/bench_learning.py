@@ -28,7 +28,8 @@ from ..benchmarks.learning import (STOCK, code_commit, compare, held_out_details
                                    plot_curves, power_lines, regraded, run_one, run_path, sd_comparison_lines,
                                    truncation_lines, write_record)
 from ..benchmarks.methods import METHODS, parse_methods
-from ..tasks.rewards import REWARDS, VERIFIERS
+from ..evaluation.metrics import ANSWER_TYPES
+from ..tasks.rewards import VERIFIERS, reward_for_task
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -102,7 +103,7 @@ def regrade_runs(runs_dir: str, work_dir: str, into: str, verifier: str | None =
     if not runs:
         raise SystemExit(f"--regrade_into: no runs in {runs_dir}")
     earlier = {(r["method"], r["seed"]): r for r in load_runs(into) if "regraded" in r}
-    verifiers = {verifier} if verifier else {f.__name__ for f in REWARDS.values()}  # (None: each task's own)
+    verifiers = {verifier} if verifier else {reward_for_task(t).__name__ for t in ANSWER_TYPES}  # (each task's own)
     asked = verifier or "each task's own"
     for record in runs:
         kept = earlier.get((record["method"], record["seed"]))

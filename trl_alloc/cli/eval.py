@@ -55,8 +55,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch_size", type=int, default=64,
                    help="sequences per generate call (prompts per call = batch_size // n)")
-    p.add_argument("--reward", default="auto", choices=["auto", "arithmetic", "countdown", "math"],
-                   help="reward function (auto: the built-in task's verifier, else math-verify)")
+    p.add_argument("--reward", default="auto", choices=["auto", "arithmetic", "countdown", "math", "math_number"],
+                   help="reward function (auto: the built-in task's verifier, else math-verify; math_number: math "
+                   "whose stated result must be a number)")
     p.add_argument("--answer_type", default="auto", choices=["auto", "arithmetic", "countdown", "math"],
                    help="final-answer extraction for maj@k (auto: follows --reward)")
     p.add_argument("--threshold", type=float, default=0.5, help="a sample is correct when its reward >= this")
@@ -135,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         dataset = dataset.select(range(min(len(dataset), args.num_prompts)))
     reward_name = args.reward if args.reward != "auto" else (task if task in ("arithmetic", "countdown") else "math")
     reward_fn = reward_for_dataset(args.dataset, reward_name)
-    spec = answer_spec(reward_name if args.answer_type == "auto" else args.answer_type)
+    spec = answer_spec(args.answer_type if args.answer_type != "auto" else
+                       "math" if reward_name == "math_number" else reward_name)
     max_new_tokens = args.max_new_tokens or TASK_DEFAULT_TOKENS.get(task, 1024)
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)

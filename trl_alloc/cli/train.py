@@ -48,7 +48,8 @@ class ScriptArguments:
     prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt."})
     answer_column: str = field(default="answer", metadata={"help": "Column holding the reference answer."})
     reward: str = field(default="auto", metadata={
-        "help": "auto (the built-in task's exact verifier, else math-verify), math, arithmetic or countdown."})
+        "help": "auto (the built-in task's exact verifier, else math-verify), math, math_number (math whose stated "
+        "result must be a number: '90 - 4' scores 0), arithmetic or countdown."})
     num_builtin_prompts: int = field(default=2000, metadata={"help": "Prompts in the built-in training pool."})
     builtin_levels: list[int] | None = field(default=None, metadata={
         "help": "Difficulty levels of the built-in task to use (e.g. 1 2 3); None = all."})

@@ -169,6 +169,7 @@ def evaluate(backend, tokenizer, dataset, reward_fn, spec: AnswerSpec, ks=(1,), 
     out_info = {
         **(info or {}), "num_prompts": len(prompts), "num_samples": n, "ks": ks, "temperature": temperature,
         "max_new_tokens": max_new_tokens, "seed": seed, "threshold": threshold, "answer_type": spec.name,
+        "reward": getattr(reward_fn, "__name__", type(reward_fn).__name__),
         "backend": backend.name, "answer_rate": float(np.mean(answered)) if answered else 0.0,
         "mean_completion_tokens": float(np.mean(lengths)) if lengths else 0.0,
         "truncated_rate": float(np.mean(truncated)) if truncated else 0.0,

@@ -161,6 +161,9 @@ def _math_show(parsed):
     return str(parsed[-1]) if isinstance(parsed, (list, tuple)) and parsed else str(parsed)
 
 
+ANSWER_TYPES = ("arithmetic", "countdown", "math")
+
+
 def answer_spec(task: str) -> AnswerSpec:
     """The ``AnswerSpec`` of ``arithmetic``, ``countdown`` or ``math``."""
     if task == "arithmetic":

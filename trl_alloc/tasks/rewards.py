@@ -180,11 +180,13 @@ VERIFIERS = {f.__name__: f for f in (arithmetic_reward, countdown_reward, math_r
 for _verifier in VERIFIERS.values():
     _verifier.trl_alloc_verifier = True
 
-REWARDS = {"arithmetic": arithmetic_reward, "countdown": countdown_reward, "math": math_reward}
+# by `--reward` name; an answer type's own verifier is the reward of the same name
+REWARDS = {"arithmetic": arithmetic_reward, "countdown": countdown_reward, "math": math_reward,
+           "math_number": math_number_reward}
 
 
 def reward_for_task(task: str):
-    """The reward function for ``task`` (``arithmetic``, ``countdown`` or ``math``)."""
+    """The reward function named ``task`` (``arithmetic``, ``countdown``, ``math`` or ``math_number``)."""
     try:
         return REWARDS[task]
     except KeyError:

@@ -29,8 +29,8 @@ class _RunFields(GRPOConfig):
     # The trainer's own (the allocation's fields, shared with the planner, are allocation/config.py's)
     success_reward_funcs: list[str] | None = field(default=None, metadata={
         "help": "Names of the reward functions whose unweighted sum is a response's success score (what the "
-        "allocators count as a success). None = trl-alloc's verifiers among the reward functions (math, arithmetic, "
-        "countdown), else the first reward function."})
+        "allocators count as a success). None = trl-alloc's verifiers among the reward functions (math, math_number, "
+        "arithmetic, countdown), else the first reward function."})
     success_threshold: float = field(default=0.5, metadata={
         "help": "A response succeeds when its success score is >= this (0.5 for 0/1 verifiers; e.g. 0 for rewards "
         "in {-1, 1})."})
