@@ -264,7 +264,7 @@ def test_regrade_into_scores_each_evaluation_again_and_keeps_the_runs_accuracy(t
     assert "give --regrade_into RUNS_DIR too" in capsys.readouterr().err
     (work / "stock-s0" / "eval" / "round-8" / "samples.jsonl").unlink()
     # samples gone: a record regraded with another verifier than asked for is not taken as this regrade
-    with pytest.raises(SystemExit, match="round-8 to regrade.*regraded with math_number_reward, not each task's own"):
+    with pytest.raises(SystemExit, match="round-8 to regrade.*regraded with math_number_reward, not the run's own"):
         main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "num")])
     with pytest.raises(SystemExit, match="regraded with math_reward, not math_number_reward"):
         main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "new"),
@@ -275,6 +275,20 @@ def test_regrade_into_scores_each_evaluation_again_and_keeps_the_runs_accuracy(t
     (runs / "stock-s0.json").write_text(json.dumps(dict(stock, held_out_accuracy_after=0.30)))  # a run done again
     with pytest.raises(SystemExit, match="round-8 to regrade.*regraded another run of it"):
         main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "new")])
+    # a run that evaluated with math_number_reward (its evaluations and record name it) is regraded with it
+    (work / "stock-s0" / "eval" / "round-8" / "samples.jsonl").write_text(json.dumps(
+        {"prompt": prompt, "answer": "33", "completions": ["Hana has 10 + 23 cards."] * 3 + ["She has 33."]}) + "\n")
+    for results in (work / "stock-s0" / "eval").glob("*/eval_results.json"):
+        info = json.loads(results.read_text())
+        results.write_text(json.dumps({**info, "info": {**info["info"], "reward": "math_number_reward"}}))
+    (runs / "stock-s0.json").write_text(json.dumps(dict(stock, held_out_reward="math_number_reward")))
+    main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "own")])
+    own = json.loads((tmp_path / "own" / "stock-s0.json").read_text())
+    assert [p["accuracy"] for p in own["held_out_curve"]] == [0.25, 0.5, 0.25, 0.0]
+    assert own["regraded"]["verifier"] == "math_number_reward"
+    (work / "stock-s0" / "eval" / "round-8" / "samples.jsonl").unlink()
+    main(["--runs_dir", str(runs), "--output_dir", str(tmp_path / "out"), "--regrade_into", str(tmp_path / "num")])
+    assert "no samples here; the record in" in capsys.readouterr().out  # its own verifier: kept
 
 
 def test_method_flags_are_train_script_stages():

@@ -150,6 +150,8 @@ def test_train_script_on_a_chat_jsonl_with_a_disjoint_held_out_split(tmp_path):
     assert "10 prompts, 10 rows held out of" in proc.stdout and "the pool is the other 30" in proc.stdout
     summary = json.loads((out / "allocation" / "summary.json").read_text())
     assert summary["held_out_prompts"] == 10 and "held out of" in summary["held_out_split"]
+    after = json.loads((out / "eval" / "after" / "eval_results.json").read_text())["info"]
+    assert summary["held_out_reward"] == after["reward"] == "arithmetic_reward"  # --reward's (what a regrade uses)
     held_out = [json.loads(line)["prompt"] for line in (out / "eval" / "after" / "samples.jsonl").open()]
     assert len(held_out) == 10
     trained_on = {json.dumps(r["prompt"]) for r in rows} - {json.dumps(p) for p in held_out}

@@ -132,9 +132,10 @@ def regraded(record: dict[str, Any], out: str, commit: str | None = None,
     `train.py` wrote (`out/eval/<when>/samples.jsonl`, `trl_alloc.evaluation.regrade`), the accuracy the run
     measured kept as `accuracy_as_run`: a verifier fixed after the runs re-scores them without sampling again.
     `commit`: the code's, taken before any record is written (default: `code_commit()` now); `verifier`: a reward
-    function (default: the task's own, `reward_for_task`)."""
+    function (default: the one the run evaluated with, `eval_results.json`'s `reward`; before evaluations named it,
+    their answer type's own, `reward_for_task`)."""
     from ..evaluation import regrade
-    from ..tasks.rewards import reward_for_task
+    from ..tasks.rewards import VERIFIERS, reward_for_task
 
     task_verifier = verifier is None
 
@@ -146,7 +147,8 @@ def regraded(record: dict[str, Any], out: str, commit: str | None = None,
                                     "give --output_dir the folder whose train/ holds the run's train.py outputs")
         if task_verifier:
             with open(os.path.join(folder, "eval_results.json"), encoding="utf-8") as f:
-                verifier = reward_for_task(json.load(f)["info"]["answer_type"])
+                info = json.load(f)["info"]
+            verifier = VERIFIERS.get(info.get("reward")) or reward_for_task(info["answer_type"])
         accuracy = regrade(os.path.join(folder, "samples.jsonl"), verifier)
         points.append({**point, "accuracy": accuracy, "accuracy_as_run": point.get("accuracy_as_run",
                                                                                   point["accuracy"])})
@@ -202,7 +204,7 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
             "responses_per_effective_group", "pool_prompts", "prompts_seen", "prompts_trained",
             "prompts_with_signal", "rounds_without_signal", "truncated_share", "engine", "engine_mismatch",
             "held_out_accuracy_before", "held_out_accuracy_after", "held_out_split", "held_out_prompts",
-            "held_out_samples", "held_out_backend", "held_out_curve", "budget_responses", "methods")
+            "held_out_samples", "held_out_backend", "held_out_reward", "held_out_curve", "budget_responses", "methods")
     record = {"method": method, "seed": seed, "commit": commit, "command": cmd[1:], "wall_s": wall_s,
               "resumed_at_steps": progress["resumed_at_steps"], "commits": sorted(set(progress["commits"]) - {None}),
               "machines": progress["machines"],

@@ -66,7 +66,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, l
                    "from the samples in --output_dir/train, into new records in RUNS_DIR (each run's own accuracy "
                    "kept as accuracy_as_run); then report those")
     p.add_argument("--regrade_verifier", default=None, choices=sorted(VERIFIERS),
-                   help="the verifier --regrade_into scores with (default: each task's own, e.g. math_reward); "
+                   help="the verifier --regrade_into scores with (default: the one each run evaluated with, e.g. "
+                   "math_reward); "
                    "math_number_reward pays an answer only where it states a number, not an expression such as "
                    "'90 - 4' that math-verify evaluates for it")
     args = p.parse_args(own)
@@ -97,15 +98,16 @@ def regrade_runs(runs_dir: str, work_dir: str, into: str, verifier: str | None =
     """`regraded` records of every run in `runs_dir` (samples from `work_dir/<method>-s<seed>`) written to `into`.
     A run whose samples are gone (another machine's, an earlier session's) keeps the record `into` already holds
     for it, if that record regraded this very run (its commit and its as-run final accuracy) with this verifier
-    (`verifier`, or each task's own when None); a record that
+    (`verifier`, or the run's own when None); a record that
     regrades to the same figures is kept as it is, with the commit that first regraded it."""
     runs, commit = load_runs(runs_dir), code_commit()  # (before writing: records in the repository would dirty it)
     if not runs:
         raise SystemExit(f"--regrade_into: no runs in {runs_dir}")
     earlier = {(r["method"], r["seed"]): r for r in load_runs(into) if "regraded" in r}
-    verifiers = {verifier} if verifier else {reward_for_task(t).__name__ for t in ANSWER_TYPES}  # (each task's own)
-    asked = verifier or "each task's own"
     for record in runs:
+        own = {record["held_out_reward"]} if record.get("held_out_reward") else {  # (older records: the task's own)
+            reward_for_task(t).__name__ for t in ANSWER_TYPES}
+        verifiers, asked = ({verifier}, verifier) if verifier else (own, "the run's own")
         kept = earlier.get((record["method"], record["seed"]))
         try:
             new = regraded(record, os.path.join(work_dir, f"{record['method']}-s{record['seed']}"), commit,

@@ -314,6 +314,7 @@ def _main(argv=None):
             held_out = {"held_out_accuracy_before": before, "held_out_accuracy_after": after,
                         "held_out_split": splits.test_source, "held_out_prompts": len(test),
                         "held_out_samples": script_args.eval_samples, "held_out_backend": backend.name,
+                        "held_out_reward": reward_fn.__name__,
                         **({"held_out_curve": curve.points} if curve is not None else {})}
             summary.update(held_out)
             update_summary(training_args.output_dir, held_out)
