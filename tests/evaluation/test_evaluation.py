@@ -126,6 +126,9 @@ def test_answer_extraction_and_grouping():
     assert close == [0, 0, 1, 0]
     with pytest.raises(ValueError, match="no answer extraction"):
         answer_spec("poetry")
+    # a reward's answer type, by --reward name or function name (a user's reward: math)
+    assert [ev.answer_type(r) for r in ("arithmetic", "countdown_reward", "math", "math_number_reward", "judge")] == [
+        "arithmetic", "countdown", "math", "math", "math"]
 
 
 def test_math_answers_group_by_equivalence():

@@ -112,8 +112,8 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_alloc.tasks.data import load_prompt_dataset, reward_for_dataset
-    from trl_alloc.evaluation import (TransformersBackend, VLLMServerBackend, answer_spec, evaluate, markdown_table,
-                                      write_outputs)
+    from trl_alloc.evaluation import (TransformersBackend, VLLMServerBackend, answer_spec, answer_type, evaluate,
+                                      markdown_table, write_outputs)
 
     task = _task(args.dataset)
     model_path = args.model
@@ -136,8 +136,7 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
         dataset = dataset.select(range(min(len(dataset), args.num_prompts)))
     reward_name = args.reward if args.reward != "auto" else (task if task in ("arithmetic", "countdown") else "math")
     reward_fn = reward_for_dataset(args.dataset, reward_name)
-    spec = answer_spec(args.answer_type if args.answer_type != "auto" else
-                       "math" if reward_name == "math_number" else reward_name)
+    spec = answer_spec(answer_type(reward_name) if args.answer_type == "auto" else args.answer_type)
     max_new_tokens = args.max_new_tokens or TASK_DEFAULT_TOKENS.get(task, 1024)
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)

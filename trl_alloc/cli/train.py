@@ -93,10 +93,8 @@ def held_out_accuracy(backend: "TransformersBackend | VLLMEngineBackend | VLLMSe
     """avg@1 of `eval_samples` samples per held-out prompt from `backend` (`trl_alloc.evaluation`'s), tokenized as the
     trainer does (chat template for conversational prompts, the tokenizer's special tokens); samples go to
     `output_dir`."""
-    from trl_alloc.evaluation import answer_spec, evaluate, write_outputs
-    task = reward_fn.__name__.removesuffix("_reward")
-    result = evaluate(backend, tokenizer, dataset, reward_fn,
-                      answer_spec(task if task in ("arithmetic", "countdown") else "math"), ks=(1,),
+    from trl_alloc.evaluation import answer_spec, answer_type, evaluate, write_outputs
+    result = evaluate(backend, tokenizer, dataset, reward_fn, answer_spec(answer_type(reward_fn.__name__)), ks=(1,),
                       num_samples=script_args.eval_samples, temperature=training_args.temperature,
                       max_new_tokens=training_args.max_completion_length, seed=training_args.seed,
                       top_p=training_args.top_p, top_k=training_args.top_k or 0,

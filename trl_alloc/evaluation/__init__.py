@@ -30,10 +30,10 @@ builds one from a saved ``trl_alloc.rollout.quality_head.QualityHead``.
 from .backends import (Samples, TransformersBackend, VLLMEngineBackend, VLLMServerBackend, generate_samples,
                        tokenize_prompts)
 from .core import EvalResult, evaluate, head_score_fn, markdown_table, regrade, score_samples, write_outputs
-from .metrics import AnswerSpec, answer_spec, compute_metrics, group_answers, maj_at_k, pass_at_k, vote
+from .metrics import AnswerSpec, answer_spec, answer_type, compute_metrics, group_answers, maj_at_k, pass_at_k, vote
 
 __all__ = [
-    "AnswerSpec", "answer_spec", "pass_at_k", "group_answers", "vote", "maj_at_k", "compute_metrics",
+    "AnswerSpec", "answer_spec", "answer_type", "pass_at_k", "group_answers", "vote", "maj_at_k", "compute_metrics",
     "Samples", "TransformersBackend", "VLLMEngineBackend", "VLLMServerBackend", "generate_samples", "tokenize_prompts",
     "score_samples", "evaluate", "EvalResult", "markdown_table", "write_outputs", "head_score_fn", "regrade",
 ]

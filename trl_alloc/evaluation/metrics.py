@@ -164,6 +164,13 @@ def _math_show(parsed):
 ANSWER_TYPES = ("arithmetic", "countdown", "math")
 
 
+def answer_type(reward: str) -> str:
+    """The answer type of a reward (its `--reward` name or function name): ``arithmetic`` and ``countdown`` their
+    own; any other (``math``, ``math_number``) ``math``."""
+    name = reward.removesuffix("_reward")
+    return name if name in ANSWER_TYPES else "math"
+
+
 def answer_spec(task: str) -> AnswerSpec:
     """The ``AnswerSpec`` of ``arithmetic``, ``countdown`` or ``math``."""
     if task == "arithmetic":
