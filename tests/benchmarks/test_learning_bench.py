@@ -291,6 +291,49 @@ def test_regrade_into_scores_each_evaluation_again_and_keeps_the_runs_accuracy(t
     assert "no samples here; the record in" in capsys.readouterr().out  # its own verifier: kept
 
 
+def test_a_before_evaluation_is_taken_only_where_everything_its_samples_depend_on_is_the_same(tmp_path):
+    """`train.py --eval_before_from`: another run's "before" folder and accuracy are taken where the key (model,
+    held-out rows, sampling settings, verifier, code, machine) is equal; any difference, a missing key or code with
+    uncommitted changes makes the run evaluate, and says why."""
+    from datasets import Dataset
+
+    from trl_alloc.benchmarks.learning import machine
+    from trl_alloc.cli.held_out_before import before_key, take_before, taken_from, write_key
+
+    rows = [{"prompt": "2 + 3 =", "answer": "5"}, {"prompt": "4 + 4 =", "answer": "8"}]
+    settings = {"samples": 1, "temperature": 0.3, "top_p": 1.0, "top_k": 0, "max_new_tokens": 64, "seed": 5}
+    key = before_key("smollm2-135m-instruct", None, "vllm_engine", "float32", Dataset.from_list(rows), settings,
+                     "math_reward")
+    assert key["code"] == code_commit() and key["machine"] == machine() and key["seed"] == 5
+    assert key == before_key("smollm2-135m-instruct", None, "vllm_engine", "float32", Dataset.from_list(rows),
+                             dict(settings), "math_reward")
+    other_rows = before_key("smollm2-135m-instruct", None, "vllm_engine", "float32",
+                            Dataset.from_list([rows[0], {"prompt": "4 + 4 =", "answer": "9"}]), settings,
+                            "math_reward")
+    assert other_rows["held_out_sha256"] != key["held_out_sha256"]
+    source = tmp_path / "stock-s5" / "eval" / "before"
+    source.mkdir(parents=True)
+    (source / "eval_results.json").write_text(json.dumps({"metrics": {"1": {"avg": 0.125}}}))
+    (source / "samples.jsonl").write_text('{"completions": ["5"]}\n')
+    mine = tmp_path / "sara-s5" / "eval" / "before"
+    accuracy, why = take_before(str(tmp_path / "stock-s5"), str(mine), key)
+    assert accuracy is None and "no key.json" in why and not mine.exists()
+    key = dict(key, code="abc123")  # (a clean commit, whatever this checkout's state)
+    write_key(str(source), key)
+    for change in ({"seed": 6}, {"dtype": "bfloat16"}, {"held_out_sha256": other_rows["held_out_sha256"]},
+                   {"machine": dict(key["machine"], cpu="another CPU")}):
+        accuracy, why = take_before(str(tmp_path / "stock-s5"), str(mine), dict(key, **change))
+        assert accuracy is None and why.startswith("it differs in " + next(iter(change))) and not mine.exists()
+    accuracy, why = take_before(str(tmp_path / "stock-s5"), str(mine), dict(key, code="abc123-dirty"))
+    assert accuracy is None and "uncommitted changes" in why
+    accuracy, why = take_before(str(tmp_path / "stock-s5"), str(mine), key)
+    assert accuracy == 0.125 and why == f"taken from {source}"
+    assert (mine / "samples.jsonl").read_text() == (source / "samples.jsonl").read_text()
+    assert taken_from(str(mine)) == str(tmp_path / "stock-s5") and taken_from(str(source)) is None
+    write_key(str(mine), key)  # the run evaluated this folder itself later: no longer taken
+    assert taken_from(str(mine)) is None
+
+
 def test_method_flags_are_train_script_stages():
     assert method_flags("stock") == ["--pacing", "uniform", "--filling", "full"]
     assert method_flags("dapo") == ["--pacing", "uniform", "--filling", "dynamic_sampling"]
@@ -343,6 +386,19 @@ def test_the_bench_runs_train_script_on_local_jsonl_files_and_keeps_finished_run
                 reasons = [x for line in f for x in json.loads(line)["finish_reasons"]]
             assert p["truncated_share"] == pytest.approx(reasons.count("length") / len(reasons))
             assert len(reasons) == 12 * 2 and p["mean_completion_tokens"] > 0
+    # one "before" evaluation a seed: CERO+SARA takes stock's (the same model, held-out rows and settings), unless
+    # the code has uncommitted changes, when it samples its own, and the same samples
+    out = tmp_path / "out" / "train"
+    assert got["stock-s0.json"]["held_out_before_from"] is None
+    assert got["cero_sara-s0.json"]["held_out_accuracy_before"] == got["stock-s0.json"]["held_out_accuracy_before"]
+    assert ((out / "cero_sara-s0" / "eval" / "before" / "samples.jsonl").read_text()
+            == (out / "stock-s0" / "eval" / "before" / "samples.jsonl").read_text())
+    log = (out / "cero_sara-s0.log").read_text()
+    if code_commit().endswith("-dirty"):
+        assert got["cero_sara-s0.json"]["held_out_before_from"] is None and "uncommitted changes" in log
+    else:
+        assert got["cero_sara-s0.json"]["held_out_before_from"] == str(out / "stock-s0")
+        assert "held-out evaluation before training taken from" in log
     assert got["stock-s0.json"]["responses_spent"] == 5 * 32  # stock spends its budget exactly
     assert [p["responses"] for p in got["stock-s0.json"]["held_out_curve"]] == [0, 64, 128, 160]
     assert "| stock GRPO | 1 |" in proc.stdout and "| CERO+SARA | 1 |" in proc.stdout

@@ -163,16 +163,19 @@ def regraded(record: dict[str, Any], out: str, commit: str | None = None,
 
 def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, work_dir: str, eval_every: int,
             timeout: float | None = None, eval_every_responses: int = 0, save_steps: int = 0,
-            heartbeat_s: float = 30.0) -> dict[str, Any]:
+            heartbeat_s: float = 30.0, eval_before_from: str | None = None) -> dict[str, Any]:
     """One `train.py` run of `method` at `seed` (its output in `work_dir/<method>-s<seed>`); its record (settings,
     code commit, `machine()` of each part, engine, curve, allocation summary, wall seconds) is written to the runs
     folder and returned. With `save_steps`, the run keeps its newest checkpoint (with its curve so far) every
     `save_steps` optimizer steps, and a run that a stopped session interrupted resumes from it; the record lists the
     steps it resumed at. Its seconds so far are kept every `heartbeat_s` (`<run>.progress.json`), so an interrupted
-    part's count too."""
+    part's count too. With `eval_before_from` (another run's output folder at this seed), the run takes that run's
+    "before" held-out evaluation where it is the same one (`train.py --eval_before_from`)."""
     out = os.path.join(work_dir, f"{method}-s{seed}")
     cmd = [sys.executable, TRAIN_SCRIPT, *train_args, *method_flags(method), "--seed", str(seed),
            "--output_dir", out, "--eval_every", str(eval_every), "--eval_every_responses", str(eval_every_responses)]
+    if eval_before_from and "--eval_before_from" not in train_args:
+        cmd += ["--eval_before_from", eval_before_from]
     if save_steps:
         cmd += ["--save_strategy", "steps", "--save_steps", str(save_steps)]
         cmd += [] if "--save_total_limit" in train_args else ["--save_total_limit", "1"]
@@ -204,7 +207,8 @@ def run_one(method: str, seed: int, train_args: Sequence[str], runs_dir: str, wo
             "responses_per_effective_group", "pool_prompts", "prompts_seen", "prompts_trained",
             "prompts_with_signal", "rounds_without_signal", "truncated_share", "engine", "engine_mismatch",
             "held_out_accuracy_before", "held_out_accuracy_after", "held_out_split", "held_out_prompts",
-            "held_out_samples", "held_out_backend", "held_out_reward", "held_out_curve", "budget_responses", "methods")
+            "held_out_samples", "held_out_backend", "held_out_reward", "held_out_before_from", "held_out_curve",
+            "budget_responses", "methods")
     record = {"method": method, "seed": seed, "commit": commit, "command": cmd[1:], "wall_s": wall_s,
               "resumed_at_steps": progress["resumed_at_steps"], "commits": sorted(set(progress["commits"]) - {None}),
               "machines": progress["machines"],

@@ -137,15 +137,20 @@ def regrade_runs(runs_dir: str, work_dir: str, into: str, verifier: str | None =
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     args, train_args = parse_args(argv)
     if not args.report_only:
+        work_dir = os.path.join(args.output_dir, "train")
         for seed in args.seeds:  # seed-major: each finished seed pairs every method
+            # the methods at a seed evaluate one model on one held-out set before training: sampled once
+            before = [os.path.join(work_dir, f"{m}-s{seed}") for m in args.methods]
+            before = next((d for d in before if os.path.isfile(os.path.join(d, "eval", "before", "key.json"))), None)
             for method in args.methods:
                 if os.path.exists(run_path(args.runs_dir, method, seed)):
                     print(f"[bench_learning] {method} seed {seed}: already in {args.runs_dir}", flush=True)
                     continue
                 print(f"[bench_learning] {method} seed {seed}: running", flush=True)
-                r = run_one(method, seed, train_args, args.runs_dir, os.path.join(args.output_dir, "train"),
-                            args.eval_every, timeout=args.timeout,
-                            eval_every_responses=args.eval_every_responses, save_steps=args.save_steps)
+                r = run_one(method, seed, train_args, args.runs_dir, work_dir, args.eval_every, timeout=args.timeout,
+                            eval_every_responses=args.eval_every_responses, save_steps=args.save_steps,
+                            eval_before_from=before)
+                before = before or os.path.join(work_dir, f"{method}-s{seed}")
                 print(f"[bench_learning] {method} seed {seed}: held-out {r['held_out_accuracy_before']:.3f} -> "
                       f"{r['held_out_accuracy_after']:.3f}, {r['responses_spent']} responses, "
                       f"{r['held_out_curve'][-1]['seconds']:.0f} s of run ({r['wall_s']:.0f} s with evaluation)",

@@ -63,6 +63,11 @@ class ScriptArguments:
         "help": "Also evaluate after the round in which the responses spent pass another multiple of N: the same "
         "points for every method, whatever the size of its rounds (the learning benchmark's schedule). 0 = off; "
         "may be combined with --eval_every."})
+    eval_before_from: str | None = field(default=None, metadata={
+        "help": "A finished run's output_dir whose held-out evaluation before training this run takes instead of "
+        "sampling it again, where the model, held-out rows, sampling settings, verifier, code and machine are the "
+        "same (its eval/before/key.json); otherwise this run evaluates and says why. The learning benchmark passes "
+        "each seed's first run."})
 
 
 def pick_config_class(argv: Sequence[str]) -> "type[AllocGRPOConfig]":
@@ -253,6 +258,7 @@ def _main(argv=None):
         training_args.vllm_mode == "colocate" and training_args.vllm_enable_sleep_mode)
     resume = resume_argument(training_args.resume_from_checkpoint)
     from trl_alloc.cli.curve import saved_curve
+    from trl_alloc.cli.held_out_before import before_key, take_before, taken_from, write_key
     from transformers.trainer_utils import get_last_checkpoint
     out = training_args.output_dir
     resumed_curve = saved_curve((get_last_checkpoint(out) if os.path.isdir(out) else None) if resume is True
@@ -260,9 +266,24 @@ def _main(argv=None):
     if resumed_curve is not None and test is not None:  # a resumed run goes on with its curve, not a new "before"
         before = next((p["accuracy"] for p in resumed_curve["points"] if p["when"] == "before"), None)
 
-    def evaluate_held_out(when, backend):
-        accuracy = held_out_accuracy(backend, tokenizer, test, script_args, training_args, reward_fn,
-                                     os.path.join(training_args.output_dir, "eval", when))
+    def evaluate_held_out(when, backend, dtype=None):
+        folder = os.path.join(training_args.output_dir, "eval", when)
+        accuracy = None
+        if when == "before":  # the key of what its samples depend on, for a later run's --eval_before_from
+            key = before_key(model_path, model_args.model_revision, backend.name, dtype, test, {
+                "samples": script_args.eval_samples, "temperature": training_args.temperature,
+                "top_p": training_args.top_p, "top_k": training_args.top_k or 0,
+                "max_new_tokens": training_args.max_completion_length, "seed": training_args.seed},
+                reward_fn.__name__)
+            if script_args.eval_before_from:
+                accuracy, why = take_before(script_args.eval_before_from, folder, key)
+                print(f"[trl-alloc] held-out evaluation before training {why}" if accuracy is not None else
+                      f"[trl-alloc] --eval_before_from {script_args.eval_before_from}: not taken, {why}; "
+                      "evaluating")
+        if accuracy is None:
+            accuracy = held_out_accuracy(backend, tokenizer, test, script_args, training_args, reward_fn, folder)
+            if when == "before":
+                write_key(folder, key)
         if when == "before":
             print(f"[trl-alloc] held-out accuracy before training: {accuracy:.4f} ({len(test)} prompts × "
                   f"{script_args.eval_samples} samples, {backend.name})")
@@ -271,14 +292,15 @@ def _main(argv=None):
         return accuracy
 
     if test is not None and before is None and not through_engine and state.is_main_process:
-        before = evaluate_held_out("before", TransformersBackend(model, tokenizer))
+        before = evaluate_held_out("before", TransformersBackend(model, tokenizer),
+                                   str(model.dtype).removeprefix("torch."))
     trainer_class = AllocDAPOTrainer if config_class.__name__ == "AllocDAPOConfig" else AllocGRPOTrainer
     trainer = trainer_class(model=model, reward_funcs=reward_fn, args=training_args, train_dataset=train,
                             processing_class=tokenizer, peft_config=get_peft_config(model_args))
     if test is not None and before is None and through_engine:  # the run's own engine samples faster
         sync_vllm_weights(trainer)  # (every rank: collective; nothing was pushed yet)
         if state.is_main_process:
-            before = evaluate_held_out("before", engine_backend(trainer))
+            before = evaluate_held_out("before", engine_backend(trainer), trainer.engine_description()["dtype"])
     curve = None
     if test is not None and (script_args.eval_every > 0 or script_args.eval_every_responses > 0):
         def evaluate_now(when):
@@ -312,7 +334,8 @@ def _main(argv=None):
             held_out = {"held_out_accuracy_before": before, "held_out_accuracy_after": after,
                         "held_out_split": splits.test_source, "held_out_prompts": len(test),
                         "held_out_samples": script_args.eval_samples, "held_out_backend": backend.name,
-                        "held_out_reward": reward_fn.__name__,
+                        "held_out_reward": reward_fn.__name__, "held_out_before_from": taken_from(
+                            os.path.join(training_args.output_dir, "eval", "before")),
                         **({"held_out_curve": curve.points} if curve is not None else {})}
             summary.update(held_out)
             update_summary(training_args.output_dir, held_out)
