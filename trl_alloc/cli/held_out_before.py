@@ -4,6 +4,11 @@ The learning benchmark's methods at one seed start from one model and evaluate i
 sampling seed, so their "before" evaluations draw the same samples (docs/benchmarks.md: the "before" column agrees
 across methods at every seed). Each evaluation writes what determines its samples as `eval/before/key.json`; a run
 whose key is equal takes that folder and its accuracy, and any difference makes it evaluate, saying which.
+
+The evaluation is not sampled, so its random draws are not taken from the engine either: where the engine samples
+unseeded requests from one generator (vLLM on a CPU, `trl_alloc.evaluation.backends.VLLMEngineBackend`), the run's
+training rollouts then draw other numbers than the same run's would after sampling it. Same distribution, other
+draws; the seed's pool, held-out set and model, what pairs the methods, are the same.
 """
 
 from __future__ import annotations
