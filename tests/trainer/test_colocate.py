@@ -213,6 +213,10 @@ def test_train_script_in_colocate_mode_evaluates_through_the_engine(child):
     summary = json.loads((tmp_path / "out" / "allocation" / "summary.json").read_text())
     assert summary["held_out_backend"] == "vllm_engine" and summary["held_out_prompts"] == 16
     assert (tmp_path / "out" / "eval" / "before").is_dir() and (tmp_path / "out" / "eval" / "after").is_dir()
+    # what the "before" samples depend on, for a later run's --eval_before_from: the engine, in its own dtype
+    key = json.loads((tmp_path / "out" / "eval" / "before" / "key.json").read_text())
+    assert key["backend"] == "vllm_engine" and key["dtype"] == summary["engine"]["dtype"] == "float32"
+    assert key["samples"] == 2 and key["max_new_tokens"] == 8 and key["reward"] == "arithmetic_reward"
 
 
 def test_colocate_stream_prunes_in_the_engine(child):
