@@ -29,6 +29,7 @@ from ..benchmarks.learning import (STOCK, code_commit, compare, held_out_details
                                    truncation_lines, write_record)
 from ..benchmarks.methods import METHODS, parse_methods
 from ..evaluation.metrics import ANSWER_TYPES
+from .held_out_before import KEY_FILE
 from ..tasks.rewards import VERIFIERS, reward_for_task
 
 
@@ -141,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         for seed in args.seeds:  # seed-major: each finished seed pairs every method
             # the methods at a seed evaluate one model on one held-out set before training: sampled once
             before = [os.path.join(work_dir, f"{m}-s{seed}") for m in args.methods]
-            before = next((d for d in before if os.path.isfile(os.path.join(d, "eval", "before", "key.json"))), None)
+            before = next((d for d in before if os.path.isfile(os.path.join(d, "eval", "before", KEY_FILE))), None)
             for method in args.methods:
                 if os.path.exists(run_path(args.runs_dir, method, seed)):
                     print(f"[bench_learning] {method} seed {seed}: already in {args.runs_dir}", flush=True)
