@@ -96,7 +96,8 @@ def check_arrival_order(rollouts, hold=None, tries=3):
                 time.sleep(1.0)
                 assert rollouts.generated_tokens() == dict.fromkeys(long + short, 0)  # none has started
         seen = rollouts.next_completed(timeout=120)
-        firsts.append(seen[0].tag if seen else None)
+        assert seen  # something arrived
+        firsts.append(seen[0].tag)
         while rollouts.in_flight:
             seen += rollouts.next_completed(timeout=120)
         assert sorted(r.rid for r in seen) == sorted(long + short)  # each exactly once
